@@ -1,0 +1,24 @@
+"""tensorpilot: plan, train, measure and serve deep-learning models at the speed of the hardware.
+
+``import tensorpilot`` stays cheap: torch and everything heavy load on first use of
+:func:`train` or :class:`Trainer` (PEP 562 module ``__getattr__``).
+"""
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "train", "Trainer", "Workload", "RunConfig"]
+
+_LAZY = {
+    "train": ("tensorpilot.api", "train"),
+    "Trainer": ("tensorpilot.train.trainer", "Trainer"),
+    "Workload": ("tensorpilot.workloads.base", "Workload"),
+    "RunConfig": ("tensorpilot.config", "RunConfig"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'tensorpilot' has no attribute {name!r}")

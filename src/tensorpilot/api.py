@@ -1,0 +1,82 @@
+"""The public Python API. The CLI is a thin layer over these functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from tensorpilot.config import RunConfig, apply_mapping
+from tensorpilot.errors import CheckpointError, ConfigError
+
+
+def overrides_to_mapping(overrides: dict[str, Any]) -> dict[str, Any]:
+    """{'optim.lr': 1e-3, 'run_dir': 'x'} -> {'optim': {'lr': 1e-3}, 'run_dir': 'x'}."""
+    nested: dict[str, Any] = {}
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition(".")
+        if key:
+            nested.setdefault(section, {})[key] = value
+        else:
+            nested[section] = value
+    return nested
+
+
+def train(model=None, data=None, loss_fn: Callable | None = None, *, val_data=None,
+          config: RunConfig | None = None, tokens_per_sample: int | None = None,
+          overrides: dict[str, Any] | None = None, console=None) -> dict[str, Any]:
+    """Train and return the summary (also written to ``<run_dir>/summary.json``).
+
+    ``model`` may be an ``nn.Module`` (then give ``data``: a map-style Dataset of (input, target)
+    samples or a DataLoader, and optionally ``loss_fn(output, target)``, default cross-entropy),
+    a :class:`tensorpilot.Workload`, or None for the workload ``config.model`` names.
+    ``overrides`` are dotted settings, e.g. ``{"train.steps": 100, "optim.lr": 1e-3}``.
+
+    >>> import torch, tensorpilot                                           # doctest: +SKIP
+    >>> data = torch.utils.data.TensorDataset(torch.randn(512, 8), torch.randint(0, 2, (512,)))
+    >>> tensorpilot.train(torch.nn.Linear(8, 2), data, overrides={"train.steps": 20})
+    """
+    from tensorpilot.train.trainer import Trainer
+    from tensorpilot.workloads.base import Workload
+
+    cfg = config or RunConfig()
+    if overrides:
+        apply_mapping(cfg, overrides_to_mapping(overrides))
+    workload = None
+    if isinstance(model, Workload):
+        workload = model
+    elif model is not None:
+        if data is None:
+            raise ConfigError("train(model, data): give the training data with the model.")
+        workload = Workload(model=model, train_data=data, val_data=val_data, loss_fn=loss_fn,
+                            tokens_per_sample=tokens_per_sample)
+        cfg.model.name = type(model).__name__ if ":" in cfg.model.name or cfg.model.name in (
+            "gpt", "mlp", "cnn") else cfg.model.name
+    return Trainer(cfg, workload, console=console).fit()
+
+
+def generate(run: str | Path, prompt: str = "", max_new_tokens: int = 200, temperature: float = 0.8,
+             top_k: int | None = 40, seed: int = 0, device: str = "auto") -> str:
+    """Sample text from the newest checkpoint of a gpt run (or from a checkpoint directory)."""
+    import torch
+
+    from tensorpilot.hardware.device import resolve_device
+    from tensorpilot.train import checkpoint as ckpt_io
+    from tensorpilot.workloads.gpt import GPT, GPTConfig
+
+    ckpt = ckpt_io.find_checkpoint(run)
+    meta = ckpt_io.read_meta(ckpt)
+    shape = meta.get("workload", {}).get("gpt")
+    if not shape:
+        raise CheckpointError(f"{str(run)!r} is not a gpt run: generate samples from gpt checkpoints only.")
+    if max_new_tokens <= 0:
+        raise ConfigError(f"--tokens must be a positive integer, got {max_new_tokens}.")
+    model = GPT(GPTConfig(**shape))
+    ckpt_io.verify(ckpt, meta)
+    ckpt_io.load_weights(ckpt, model)
+    dev = torch.device(resolve_device(device))
+    model.to(dev).eval()
+    ids = list(prompt.encode("utf-8")) or [ord("\n")]
+    idx = torch.tensor([ids], dtype=torch.long, device=dev)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=g)
+    return bytes(out[0].tolist()).decode("utf-8", errors="replace")

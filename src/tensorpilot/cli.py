@@ -1,0 +1,164 @@
+"""Command line: parse, call the public API, print. Errors a user can cause end in one sentence
+on stderr and a non-zero exit (2 for usage errors, like argparse); bugs keep their traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from typing import Any
+
+from tensorpilot import __version__
+from tensorpilot.errors import TensorpilotError
+
+# Short flags scripts can rely on -> the setting they set.
+ALIASES = {
+    "--model": "model.name", "--size": "model.size", "--steps": "train.steps",
+    "--run-dir": "run_dir", "--precision": "engine.precision", "--compile": "engine.compile",
+    "--device": "train.device", "--batch-size": "data.batch_size", "--lr": "optim.lr",
+    "--data": "data.path", "--seed": "train.seed",
+}
+
+
+def _metavar(tp: Any) -> str:
+    base = typing.get_args(tp)[0] if type(None) in typing.get_args(tp) else tp
+    if typing.get_origin(base) is typing.Literal:
+        return "{" + ",".join(typing.get_args(base)) + "}"
+    if typing.get_origin(base) is list:
+        return "A,B,..."
+    return {int: "N", float: "X", str: "TEXT"}.get(base, "VALUE")
+
+
+def _is_bool(tp: Any) -> bool:
+    return tp is bool
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    from tensorpilot.config import field_docs
+
+    p.add_argument("--config", metavar="FILE.toml", help="Read settings from a TOML file "
+                   "(sections [model], [data], [optim], [engine], [train], [checkpoint], [logging]); "
+                   "command-line options override it.")
+    p.add_argument("--print-config", action="store_true",
+                   help="Print the effective configuration as TOML and exit.")
+    p.add_argument("--resume", nargs="?", const="latest", metavar="DIR",
+                   help="Continue from the newest checkpoint of run directory DIR (or of --run-dir "
+                        "when DIR is omitted), or from one checkpoint directory. The checkpoint's "
+                        "configuration is the base; options given here override it.")
+    docs = {name: (doc, tp, default) for name, doc, tp, default in field_docs()}
+    common = p.add_argument_group("common options (shorthands for the settings below)")
+    for flag, dotted in ALIASES.items():
+        if dotted == "run_dir":
+            common.add_argument(flag, dest="set:run_dir", metavar="DIR", default=argparse.SUPPRESS,
+                                help="Run directory (default: a new directory under runs/).")
+            continue
+        doc, tp, default = docs[dotted]
+        common.add_argument(flag, dest=f"set:{dotted}", metavar=_metavar(tp), default=argparse.SUPPRESS,
+                            help=f"{doc} Same as --{dotted}. (default: {default})")
+    section = None
+    group = None
+    for dotted, (doc, tp, default) in docs.items():
+        sec = dotted.split(".")[0]
+        if sec != section:
+            section, group = sec, p.add_argument_group(f"[{sec}] settings")
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        if _is_bool(tp):
+            group.add_argument(f"--{dotted}", dest=f"set:{dotted}", action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS,
+                               help=f"{doc} (default: {shown})")
+        else:
+            group.add_argument(f"--{dotted}", dest=f"set:{dotted}", metavar=_metavar(tp), default=argparse.SUPPRESS,
+                               help=f"{doc} (default: {shown if shown not in (None, '') else 'from preset'})")
+
+
+def build_config(args: argparse.Namespace):
+    from tensorpilot.api import overrides_to_mapping
+    from tensorpilot.config import RunConfig, apply_mapping, load_toml
+
+    cfg = RunConfig()
+    given = {k[4:]: v for k, v in vars(args).items() if k.startswith("set:")}
+    if args.resume:
+        # the checkpoint's own configuration is the base of a resumed run
+        from tensorpilot.train import checkpoint as ckpt_io
+
+        target = args.resume if args.resume != "latest" else given.get("run_dir")
+        if target:
+            saved = ckpt_io.read_meta(ckpt_io.find_checkpoint(target)).get("config", {})
+            apply_mapping(cfg, {k: v for k, v in saved.items() if k not in ("run_dir", "resume")},
+                          source="checkpoint: ")
+        cfg.resume = args.resume
+    if args.config:
+        apply_mapping(cfg, load_toml(args.config), source=f"{args.config}: ")
+    apply_mapping(cfg, overrides_to_mapping(given))
+    return cfg.validate()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    if args.print_config:
+        from tensorpilot.config import to_toml
+
+        print(to_toml(cfg), end="")
+        return 0
+    from tensorpilot.train.trainer import Trainer
+
+    Trainer(cfg).fit()
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from tensorpilot.api import generate
+
+    text = generate(args.run, args.prompt, args.tokens, args.temperature, args.top_k or None,
+                    args.seed, args.device)
+    print(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tensorpilot",
+        description="Plan, train, measure and serve deep-learning models at the speed of the hardware.")
+    parser.add_argument("--version", action="version", version=f"tensorpilot {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    tr = sub.add_parser("train", help="Train a model with the techniques that suit this hardware.",
+                        description="Train a built-in workload (gpt on the Python standard library "
+                        "by default) or your own model, applying mixed precision, compilation, "
+                        "checkpointing and fast data loading for the detected hardware.")
+    add_train_arguments(tr)
+    tr.set_defaults(func=cmd_train)
+
+    ge = sub.add_parser("generate", help="Sample text from a trained gpt run.",
+                        description="Sample text from the newest checkpoint of a gpt training run.")
+    ge.add_argument("--run", required=True, metavar="DIR", help="Run directory or checkpoint directory.")
+    ge.add_argument("--prompt", default="", help="Text to continue (default: empty).")
+    ge.add_argument("--tokens", type=int, default=200, metavar="N", help="Bytes to generate (default: 200).")
+    ge.add_argument("--temperature", type=float, default=0.8, metavar="X",
+                    help="Sampling temperature; 0 is greedy (default: 0.8).")
+    ge.add_argument("--top-k", type=int, default=40, metavar="K",
+                    help="Sample among the K likeliest bytes; 0 for all (default: 40).")
+    ge.add_argument("--seed", type=int, default=0, metavar="N", help="Sampling seed (default: 0).")
+    ge.add_argument("--device", default="auto", help="Device (default: auto).")
+    ge.set_defaults(func=cmd_generate)
+    parser._subcommands = {"train": tr, "generate": ge}
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # report against the subcommand's usage, not the top-level one
+        parser._subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return args.func(args)
+    except TensorpilotError as exc:
+        print(f"tensorpilot {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"tensorpilot {args.command}: interrupted.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,372 @@
+"""Run configuration: one small dataclass per component, composed into :class:`RunConfig`.
+
+Precedence, lowest first: field defaults < model size preset < ``--config run.toml`` < command
+line. Every field's ``doc`` becomes its ``--help`` text, and every field is reachable from the
+command line as ``--section.field`` (e.g. ``--optim.lr 1e-3``), the way torchtitan's job config
+works. Validation runs before anything heavy is imported, so a bad value costs no time.
+
+Pure standard library: importing this module must not import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tensorpilot.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+def _f(default: Any, doc: str, **kw: Any) -> Any:
+    """A dataclass field whose ``doc`` is its --help text."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc, **kw})
+    return field(default=default, metadata={"doc": doc, **kw})
+
+
+PrecisionName = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
+Switch = Literal["auto", "on", "off"]
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    name: str = _f("gpt", "Workload: gpt, mlp, cnn, or package.module:factory for your own model.")
+    size: str = _f("tiny", "Size preset of the built-in model (gpt: tiny, small, medium, large; "
+                   "mlp/cnn: tiny, small, medium).")
+    n_layer: int | None = _f(None, "gpt: number of transformer blocks (default: from --size).")
+    n_head: int | None = _f(None, "gpt: attention heads (default: from --size).")
+    d_model: int | None = _f(None, "gpt: embedding width (default: from --size).")
+    seq_len: int | None = _f(None, "gpt: context length in bytes (default: from --size).")
+    tie_head: bool = _f(True, "gpt: share the output head's weights with the token embedding.")
+    dropout: float = _f(0.0, "Dropout probability (gpt).")
+    hidden: list[int] = _f([], "mlp: hidden widths, comma separated (default: from --size).")
+    channels: list[int] = _f([], "cnn: channels per stage, comma separated (default: from --size).")
+
+    def validate(self) -> None:
+        for key in ("n_layer", "n_head", "d_model", "seq_len"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise ConfigError(f"model.{key} must be a positive integer, got {value}.")
+        if self.n_head and self.d_model and self.d_model % self.n_head:
+            raise ConfigError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head}).")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}.")
+        if any(w <= 0 for w in self.hidden + self.channels):
+            raise ConfigError("model.hidden and model.channels must hold positive integers.")
+        builtin = ("gpt", "mlp", "cnn")
+        if self.name not in builtin and ":" not in self.name:
+            raise ConfigError(
+                f"unknown model {self.name!r}: use gpt, mlp, cnn or package.module:factory.")
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    path: str | None = _f(None, "Training data. gpt: a text file or a directory of text files "
+                          "(default: the Python standard library's source). mlp/cnn: a .pt, .npz "
+                          "or .npy file of inputs (default: synthetic data).")
+    targets_path: str | None = _f(None, "mlp/cnn with a .npy inputs file: the .npy file of "
+                                  "integer class targets.")
+    batch_size: int = _f(32, "Micro-batch size: samples per forward/backward pass.")
+    num_workers: int = _f(0, "DataLoader worker processes (0: load in the training process).")
+    val_fraction: float = _f(0.05, "Share of the data held out for validation (by file for text).")
+    max_bytes: int = _f(16_000_000, "gpt: read at most this many bytes of text (keeps start-up "
+                        "fast on big corpora).")
+    input_shape: list[int] = _f([], "mlp/cnn synthetic data: shape of one input (default: "
+                                "[256] for mlp, [3, 32, 32] for cnn).")
+    num_classes: int = _f(10, "mlp/cnn synthetic data: number of classes.")
+    synthetic_samples: int = _f(50_000, "mlp/cnn synthetic data: size of the training set.")
+
+    def validate(self) -> None:
+        if self.batch_size <= 0:
+            raise ConfigError(f"data.batch_size must be a positive integer, got {self.batch_size}.")
+        if self.num_workers < 0:
+            raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}.")
+        if not 0.0 < self.val_fraction < 0.5:
+            raise ConfigError(f"data.val_fraction must be in (0, 0.5), got {self.val_fraction}.")
+        if self.max_bytes <= 0 or self.synthetic_samples <= 0 or self.num_classes < 2:
+            raise ConfigError("data.max_bytes and data.synthetic_samples must be positive and "
+                              "data.num_classes at least 2.")
+        if any(d <= 0 for d in self.input_shape):
+            raise ConfigError("data.input_shape must hold positive integers.")
+        for key in ("path", "targets_path"):
+            value = getattr(self, key)
+            if value is not None:
+                p = Path(value).expanduser()
+                if not p.exists():
+                    raise ConfigError(f"data.{key} {value!r} does not exist.")
+                if p.is_file() and p.stat().st_size == 0:
+                    raise ConfigError(f"data.{key} {value!r} is empty.")
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    lr: float = _f(3e-3, "Peak learning rate of AdamW.")
+    min_lr_ratio: float = _f(0.1, "Cosine schedule floor as a fraction of the peak rate.")
+    warmup_steps: int = _f(50, "Linear warm-up steps before the cosine decay.")
+    weight_decay: float = _f(0.1, "Decoupled weight decay, applied to matrices only "
+                             "(not to biases, norms).")
+    betas: list[float] = _f([0.9, 0.95], "AdamW betas, comma separated.")
+    grad_clip: float = _f(1.0, "Clip the global gradient norm to this value (0: off).")
+    impl: Literal["auto", "fused", "foreach", "loop"] = _f(
+        "auto", "AdamW implementation: fused where the device supports it, else foreach.")
+    freeze: list[str] = _f([], "Freeze parameters whose name matches any of these glob patterns "
+                           "(comma separated, e.g. 'tok_emb.*,blocks.0.*').")
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr must be positive, got {self.lr}.")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise ConfigError("optim.warmup_steps, optim.weight_decay and optim.grad_clip "
+                              "must not be negative.")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {self.betas}.")
+
+
+@dataclass(kw_only=True, slots=True)
+class EngineConfig:
+    precision: PrecisionName = _f("auto", "Numeric precision: auto picks what the device does "
+                                  "fast (bf16 on AVX512-BF16/AMX CPUs and Ampere+ GPUs, fp16 with "
+                                  "loss scaling on older CUDA GPUs, else fp32).")
+    compile: Switch = _f("auto", "torch.compile the model: auto compiles when the run is long "
+                         "enough to repay compilation; falls back to eager if compilation fails.")
+    activation_checkpointing: bool = _f(False, "Recompute each block's activations in backward "
+                                        "(less memory, ~1/3 more compute).")
+    grad_accum: int = _f(1, "Micro-batches accumulated per optimizer step.")
+
+    def validate(self) -> None:
+        if self.grad_accum <= 0:
+            raise ConfigError(f"engine.grad_accum must be a positive integer, got {self.grad_accum}.")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    steps: int = _f(500, "Optimizer steps to train for.")
+    device: str = _f("auto", "Device: auto (cuda > mps > xpu > cpu), or cpu, cuda, cuda:1, mps, xpu.")
+    seed: int = _f(1337, "Seed for initialisation and data order.")
+    eval_interval: int = _f(100, "Evaluate on the validation split every N steps (and at the end).")
+    eval_batches: int = _f(16, "Validation micro-batches per evaluation.")
+    log_interval: int = _f(10, "Write metrics every N steps.")
+    max_bad_steps: int = _f(5, "Stop after this many consecutive steps with non-finite "
+                            "loss or gradients (each is skipped).")
+    deterministic: bool = _f(False, "Use deterministic algorithms (slower on GPU).")
+
+    def validate(self) -> None:
+        if self.steps <= 0:
+            raise ConfigError(f"train.steps must be a positive integer, got {self.steps}.")
+        for key in ("eval_interval", "eval_batches", "log_interval", "max_bad_steps"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"train.{key} must be a positive integer, got {getattr(self, key)}.")
+        kind = self.device.split(":")[0]
+        if kind not in ("auto", "cpu", "cuda", "mps", "xpu"):
+            raise ConfigError(f"unknown device {self.device!r}: use auto, cpu, cuda[:N], mps or xpu.")
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    interval: int = _f(250, "Save a checkpoint every N steps (and at the end).")
+    keep: int = _f(2, "Keep the newest N checkpoints (older ones are deleted after a save succeeds).")
+    enabled: bool = _f(True, "Write checkpoints at all.")
+
+    def validate(self) -> None:
+        if self.interval <= 0 or self.keep <= 0:
+            raise ConfigError("checkpoint.interval and checkpoint.keep must be positive integers.")
+
+
+@dataclass(kw_only=True, slots=True)
+class LoggingConfig:
+    tensorboard: bool = _f(True, "Write TensorBoard event files under <run-dir>/tensorboard.")
+    progress: Literal["auto", "bar", "lines", "off"] = _f(
+        "auto", "Progress display: a live bar on a terminal, periodic lines otherwise.")
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run_dir: str | None = _f(None, "Run directory (default: a new directory under runs/).")
+    resume: str | None = _f(None, "Continue from the newest checkpoint of a run directory, or "
+                            "from one checkpoint directory.")
+
+    def validate(self) -> RunConfig:
+        for section in SECTIONS:
+            getattr(self, section).validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = ("model", "data", "optim", "engine", "train", "checkpoint", "logging")
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed conversion shared by TOML and the command line.
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    args = typing.get_args(tp)
+    if type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0], True
+    return tp, False
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert a TOML value or command-line string to the field type ``tp``, or raise ConfigError."""
+    tp, optional = _strip_optional(tp)
+    if value is None or (optional and isinstance(value, str) and value.lower() == "none"):
+        if optional:
+            return None
+        raise ConfigError(f"{where} must not be empty.")
+    origin = typing.get_origin(tp)
+    try:
+        if origin is Literal:
+            choices = typing.get_args(tp)
+            text = str(value).lower() if not isinstance(value, bool) else ("on" if value else "off")
+            if text not in choices:
+                raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+            return text
+        if origin is list:
+            (item_tp,) = typing.get_args(tp)
+            items = value.split(",") if isinstance(value, str) else list(value)
+            items = [i.strip() if isinstance(i, str) else i for i in items]
+            return [coerce(i, item_tp, where) for i in items if i != ""]
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            return _parse_bool(str(value))
+        if tp is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(f"expected an integer, got {value!r}")
+            if isinstance(value, str):
+                try:
+                    return int(value)
+                except ValueError:
+                    try:
+                        number = float(value)  # accept "1e3"
+                    except ValueError:
+                        raise ValueError(f"expected an integer, got {value!r}") from None
+                    if not number.is_integer():
+                        raise ValueError(f"expected an integer, got {value!r}") from None
+                    return int(number)
+            return int(value)
+        if tp is float:
+            if isinstance(value, bool):
+                raise ValueError(f"expected a number, got {value!r}")
+            try:
+                return float(value)
+            except ValueError:
+                raise ValueError(f"expected a number, got {value!r}") from None
+        if tp is str:
+            if not isinstance(value, (str, int, float)):
+                raise ValueError(f"expected a string, got {value!r}")
+            return str(value)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}.") from None
+    raise TypeError(f"unsupported config type {tp!r} for {where}")  # a bug, not user input
+
+
+def _apply(section_obj: Any, values: dict[str, Any], where: str) -> None:
+    hints = _hints(type(section_obj))
+    names = {f.name for f in dataclasses.fields(section_obj)}
+    for key, value in values.items():
+        if key not in names:
+            raise ConfigError(f"unknown setting {where}{key!r}; see `tensorpilot train --help`.")
+        setattr(section_obj, key, coerce(value, hints[key], f"{where}{key}"))
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}.") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}.") from None
+
+
+def apply_mapping(cfg: RunConfig, data: dict[str, Any], source: str = "") -> RunConfig:
+    """Apply a nested mapping ({section: {key: value}, run_dir: ..., resume: ...}) onto ``cfg``."""
+    top_hints = _hints(RunConfig)
+    for key, value in data.items():
+        if key in SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}[{key}] must be a table of settings.")
+            _apply(getattr(cfg, key), value, f"{source}{key}.")
+        elif key in ("run_dir", "resume"):
+            setattr(cfg, key, coerce(value, top_hints[key], f"{source}{key}"))
+        else:
+            raise ConfigError(f"unknown setting {source}{key!r}; sections are {', '.join(SECTIONS)}.")
+    return cfg
+
+
+def field_docs() -> list[tuple[str, str, Any, Any]]:
+    """(dotted name, doc, type, default) of every setting, for --help and the docs."""
+    out = []
+    for section in SECTIONS:
+        cls = _hints(RunConfig)[section]
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out.append((f"{section}.{f.name}", f.metadata.get("doc", ""), hints[f.name], default))
+    return out
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """The effective configuration as TOML that `--config` reads back."""
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(fmt(i) for i in v) + "]"
+        return repr(v)
+
+    lines = []
+    for key in ("run_dir", "resume"):
+        value = getattr(cfg, key)
+        lines.append(f"{key} = {fmt(value)}" if value is not None else f"# {key} = (unset)")
+    for section in SECTIONS:
+        lines.append(f"\n[{section}]")
+        for f in dataclasses.fields(getattr(cfg, section)):
+            value = getattr(getattr(cfg, section), f.name)
+            lines.append(f"{f.name} = {fmt(value)}" if value is not None
+                         else f"# {f.name} = (from preset)")
+    return "\n".join(lines) + "\n"

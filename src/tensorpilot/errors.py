@@ -1,0 +1,30 @@
+"""Errors a user can cause. The CLI prints their message as one sentence and exits non-zero;
+anything else is a bug and keeps its traceback."""
+
+
+class TensorpilotError(Exception):
+    """A problem with the user's input or environment (exit code 1)."""
+
+    exit_code = 1
+
+
+class UsageError(TensorpilotError):
+    """A malformed command line or configuration (exit code 2, like argparse)."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A configuration value that is missing, of the wrong type or out of range."""
+
+
+class CheckpointError(TensorpilotError):
+    """A checkpoint that is missing, unreadable, corrupt or incompatible with the run."""
+
+
+class TrainingAborted(TensorpilotError):
+    """Training stopped on purpose (repeated non-finite losses, interruption)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code

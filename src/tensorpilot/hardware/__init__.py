@@ -1,0 +1,1 @@
+"""What the hardware is and what it can do: device choice, capability flags, peak FLOP/s."""

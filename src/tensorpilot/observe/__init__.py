@@ -1,0 +1,1 @@
+"""Measuring a run: FLOPs, peak FLOP/s, memory, throughput; writing metrics and summaries."""

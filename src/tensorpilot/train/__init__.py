@@ -1,0 +1,1 @@
+"""The training engine: precision, compilation, checkpointing, data, the loop."""

@@ -1,0 +1,439 @@
+"""The training engine for one device: setup applies the techniques, ``fit`` is a plain loop.
+
+    setup:  device -> precision -> seed -> workload -> FLOPs (meta copy) -> freeze -> activation
+            checkpointing -> optimizer/schedule/scaler -> resume -> compile -> data loaders
+    fit:    while step < steps: train_step -> log -> evaluate -> checkpoint -> progress
+
+Features decide for themselves inside the loop (``_maybe_save``); there is no callback bus.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import signal
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from tensorpilot import __version__
+from tensorpilot.config import RunConfig, to_toml
+from tensorpilot.errors import ConfigError, TrainingAborted
+from tensorpilot.hardware.device import detect, resolve_device
+from tensorpilot.observe import memory as mem
+from tensorpilot.observe.flops import train_step_flops
+from tensorpilot.observe.logger import MetricsLogger
+from tensorpilot.observe.peak import mfu, peak_flops
+from tensorpilot.observe.progress import TrainProgress
+from tensorpilot.train import checkpoint as ckpt_io
+from tensorpilot.train import engine, loader, optim, precision
+from tensorpilot.workloads.base import Workload
+
+LN2 = math.log(2.0)
+
+
+def new_run_dir(cfg: RunConfig) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = cfg.model.name.split(":")[-1]
+    base = Path("runs") / f"{stamp}-{name}-{cfg.model.size}"
+    path, n = base, 1
+    while path.exists():
+        path, n = Path(f"{base}-{n}"), n + 1
+    return path
+
+
+def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> None:
+    """A checkpoint resumes only into the same model; say which setting differs."""
+    current = cfg.to_dict()["model"]
+    for key, old in saved.get("model", {}).items():
+        if key in current and current[key] != old:
+            raise ConfigError(f"cannot resume: the checkpoint's model.{key} is {old!r} but this run "
+                              f"asks for {current[key]!r}; drop the override or start a new run.")
+
+
+class Trainer:
+    """Train ``workload`` (or the one ``cfg.model`` names) on one device.
+
+    >>> from tensorpilot import RunConfig, Trainer                          # doctest: +SKIP
+    >>> summary = Trainer(RunConfig()).fit()                                # doctest: +SKIP
+    """
+
+    def __init__(self, cfg: RunConfig, workload: Workload | None = None, console: Console | None = None):
+        self.cfg = cfg.validate()
+        self.console = console or Console(highlight=False)
+        self._workload = workload
+        self._stop_signal: int | None = None
+
+    # ------------------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        cfg, say = self.cfg, self.console.print
+        t_setup = time.perf_counter()
+        self.device = torch.device(resolve_device(cfg.train.device))
+        self.caps = detect(str(self.device))
+        self.choice = precision.choose(cfg.engine.precision, self.caps)
+
+        resume_from = None
+        if cfg.resume:
+            target = cfg.resume if cfg.resume != "latest" else cfg.run_dir
+            if not target:
+                raise ConfigError("--resume without a path needs --run-dir to say which run to continue.")
+            resume_from = ckpt_io.find_checkpoint(target)
+            check_compatible(ckpt_io.read_meta(resume_from).get("config", {}), cfg)
+        self.run_dir = Path(cfg.run_dir) if cfg.run_dir else (
+            resume_from.parent.parent if resume_from else new_run_dir(cfg))
+
+        torch.manual_seed(cfg.train.seed)
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.choice.tf32
+            torch.backends.cudnn.allow_tf32 = self.choice.tf32
+            torch.backends.cudnn.benchmark = not cfg.train.deterministic
+
+        if self._workload is None:
+            from tensorpilot.workloads import registry
+
+            self._workload = registry.build(cfg.model, cfg.data, cfg.train.seed)
+        self.workload = wl = self._workload
+        self.model = wl.model.to(self.device)
+        self.n_params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+
+        # FLOPs of one micro-batch, counted before any wrapping (model FLOPs, not recompute)
+        sample = self._sample_batch()
+        self.flops_per_step = train_step_flops(self.model, sample[0], sample[1], wl.loss) * cfg.engine.grad_accum
+
+        self.frozen = optim.freeze(self.model, cfg.optim.freeze) if cfg.optim.freeze else []
+        self.ac_blocks = engine.apply_activation_checkpointing(self.model) \
+            if cfg.engine.activation_checkpointing else 0
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt, self.opt_impl = optim.build_optimizer(self.model, cfg.optim, self.device.type)
+        self.sched = optim.build_scheduler(self.opt, cfg.optim, cfg.train.steps)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.choice.grad_scaler else None
+
+        self.step, self.samples_seen = 0, 0
+        if resume_from is not None:
+            self._restore(resume_from)
+            if self.step >= cfg.train.steps:
+                raise ConfigError(f"the checkpoint is already at step {self.step}: ask for more "
+                                  f"with --steps (now {cfg.train.steps}).")
+
+        self.compiled, self.compile_reason = engine.compile_decision(
+            cfg.engine.compile, self.caps, cfg.train.steps - self.step)
+        self.step_model = engine.apply_compile(self.model) if self.compiled else self.model
+        self._compile_unproven = self.compiled
+
+        pin = self.device.type == "cuda"
+        self.batches = loader.DevicePrefetcher(
+            loader.make_loader(wl.train_data, cfg.data.batch_size, self.samples_seen,
+                               cfg.data.num_workers, pin), self.device)
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.toml").write_text(to_toml(cfg))
+        self.metrics = MetricsLogger(self.run_dir, cfg.logging.tensorboard)
+        self.setup_s = time.perf_counter() - t_setup
+
+        say(f"[bold]tensorpilot[/] {wl.kind} ({self.n_params / 1e6:.2f}M parameters) on "
+            f"{self.caps.name} [{self.device}] -> {self.run_dir}")
+        say(f"  precision: {self.choice.reason}")
+        say(f"  compile:   {self.compile_reason}")
+        say(f"  optimizer: AdamW ({self.opt_impl}), lr {cfg.optim.lr:g}, warm-up {cfg.optim.warmup_steps}, "
+            f"cosine to {cfg.optim.min_lr_ratio:g}x; batch {cfg.data.batch_size} x {cfg.engine.grad_accum} "
+            f"micro-batches" + (f"; activation checkpointing on {self.ac_blocks} blocks" if self.ac_blocks else "")
+            + (f"; {len(self.frozen)} frozen tensors" if self.frozen else ""))
+        if resume_from is not None:
+            say(f"  resumed:   {resume_from} (step {self.step})")
+
+    def _sample_batch(self):
+        data = self.workload.train_data
+        if isinstance(data, torch.utils.data.DataLoader):
+            return next(iter(data))
+        return loader._as_batch(data.__getitems__(list(range(self.cfg.data.batch_size)))
+                                if hasattr(data, "__getitems__")
+                                else [data[i] for i in range(self.cfg.data.batch_size)])
+
+    def autocast(self):
+        if self.choice.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.choice.autocast))
+
+    # -------------------------------------------------------------------------- the step
+    def _update(self, batches) -> tuple[float, float, bool]:
+        """One optimizer step over ``batches`` (micro-batches already on the device).
+        Returns (mean loss, gradient norm before clipping, whether the step was applied)."""
+        model, opt, scaler = self.step_model, self.opt, self.scaler
+        total = torch.zeros((), device=self.device)
+        for x, y in batches:
+            with self.autocast():
+                loss = self.workload.loss(model(x), y) / len(batches)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            total += loss.detach().float()
+        if scaler is not None:
+            scaler.unscale_(opt)                        # clip true gradients, not scaled ones
+        clip = self.cfg.optim.grad_clip or math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=True)
+        loss_value, norm_value = torch.stack([total, norm.float()]).tolist()   # one host sync
+        finite = math.isfinite(loss_value) and (scaler is not None or math.isfinite(norm_value))
+        if scaler is not None:
+            scaler.step(opt)                            # skips by itself when gradients overflowed
+            scaler.update()
+        elif finite:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        self.sched.step()
+        return loss_value, norm_value, finite
+
+    def train_step(self) -> tuple[float, float, bool]:
+        batches = [next(self.batches) for _ in range(self.cfg.engine.grad_accum)]
+        if not self._compile_unproven:
+            return self._update(batches)
+        try:
+            result = self._update(batches)
+        except Exception as exc:                        # noqa: BLE001 - any compile failure
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            self.console.print(f"[yellow]torch.compile failed ({type(exc).__name__}: {first}); "
+                               "continuing in eager mode.[/]")
+            self.opt.zero_grad(set_to_none=True)
+            self.step_model, self.compiled = self.model, False
+            self.compile_reason += " -> failed, fell back to eager"
+            result = self._update(batches)
+        self._compile_unproven = False
+        return result
+
+    # ---------------------------------------------------------------------------- the loop
+    def fit(self) -> dict[str, Any]:
+        if not hasattr(self, "model"):
+            self.setup()
+        cfg = self.cfg
+        t_fit = time.perf_counter()
+        previous = self._install_signal_handlers()
+        progress = TrainProgress(self.console, cfg.train.steps, self.step, cfg.logging.progress,
+                                 cfg.train.log_interval)
+        first_step, timed_s, timed_steps = self.step, 0.0, 0
+        window: list[float] = []
+        bad_streak, skipped = 0, 0
+        last_loss = last_val = float("nan")
+        samples_per_step = cfg.data.batch_size * cfg.engine.grad_accum
+        initial_val = self.evaluate() if self.step == 0 else None
+        if initial_val is not None:
+            self.metrics.log(0, "val", {"loss": initial_val, **self._bpb(initial_val)})
+        try:
+            while self.step < cfg.train.steps:
+                t0 = time.perf_counter()
+                loss, gnorm, applied = self.train_step()
+                dt = time.perf_counter() - t0
+                self.step += 1
+                self.samples_seen += samples_per_step
+                if self.step > first_step + 1:          # the first step pays for warm-up/compile
+                    timed_s, timed_steps = timed_s + dt, timed_steps + 1
+                bad_streak = 0 if applied else bad_streak + 1
+                skipped += not applied
+                if bad_streak >= cfg.train.max_bad_steps:
+                    raise TrainingAborted(
+                        f"stopped at step {self.step}: the loss or gradients were not finite for "
+                        f"{bad_streak} consecutive steps (each was skipped); lower --optim.lr or use "
+                        f"--precision bf16/fp32. {self._last_good_note()}")
+                if applied:
+                    window.append(loss)
+                    last_loss = loss
+                rate = samples_per_step / dt
+                if self.step % cfg.train.log_interval == 0 or self.step == cfg.train.steps:
+                    self.metrics.log(self.step, "train", {
+                        "loss": sum(window) / len(window) if window else float("nan"),
+                        "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm, "step_s": dt,
+                        "samples_per_s": rate, **self._tokens(rate), "skipped_steps": skipped})
+                    window = []
+                if self.step % cfg.train.eval_interval == 0 or self.step == cfg.train.steps:
+                    last_val = self.evaluate()
+                    self.metrics.log(self.step, "val", {"loss": last_val, **self._bpb(last_val)})
+                if bad_streak == 0 and (self.step % cfg.checkpoint.interval == 0
+                                        or self.step == cfg.train.steps):
+                    self._maybe_save()
+                tok = self._tokens(rate).get("tokens_per_s")
+                progress.update(self.step, f"loss {last_loss:.3f}  "
+                                + (f"{tok:,.0f} tok/s" if tok else f"{rate:,.1f} samples/s"))
+                if self._stop_signal is not None:
+                    self._save(force=True)
+                    name = signal.Signals(self._stop_signal).name
+                    summary = self._summary(t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped)
+                    summary["interrupted"] = name
+                    self._write_summary(summary)
+                    raise TrainingAborted(
+                        f"interrupted by {name} at step {self.step}; checkpoint saved, continue with "
+                        f"`tensorpilot train --resume {self.run_dir}`.", exit_code=130)
+        finally:
+            progress.close()
+            self._restore_signal_handlers(previous)
+            self.metrics.close()
+        summary = self._summary(t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped)
+        self._write_summary(summary)
+        self.print_summary(summary)
+        return summary
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over the same ``eval_batches`` validation micro-batches every time (eager:
+        evaluation would otherwise cost a second compilation for eval mode)."""
+        val = self.workload.val_data
+        if val is None:
+            return float("nan")
+        model = self.model
+        was_training = model.training
+        model.eval()
+        it = iter(val if isinstance(val, torch.utils.data.DataLoader)
+                  else loader.make_loader(val, self.cfg.data.batch_size, 0, 0, False))
+        losses = []
+        for _ in range(self.cfg.train.eval_batches):
+            try:
+                x, y = loader.to_device(next(it), self.device, non_blocking=False)
+            except StopIteration:
+                break
+            with self.autocast():
+                losses.append(self.workload.loss(model(x), y).float())
+        model.train(was_training)
+        return torch.stack(losses).mean().item() if losses else float("nan")
+
+    # ------------------------------------------------------------------ checkpoints, signals
+    def _state(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+            "step": self.step, "samples_seen": self.samples_seen,
+            "rng": {"cpu": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else []},
+        }
+
+    def _meta(self) -> dict[str, Any]:
+        return {"tensorpilot": __version__, "torch": torch.__version__, "config": self.cfg.to_dict(),
+                "workload": {"kind": self.workload.kind, **self.workload.meta},
+                "precision": self.choice.name, "device": str(self.device)}
+
+    def _save(self, force: bool = False) -> Path | None:
+        if not (self.cfg.checkpoint.enabled or force):
+            return None
+        self.last_checkpoint = ckpt_io.save(self.run_dir / "checkpoints", self.step, self.model,
+                                            self._state(), self._meta(), self.cfg.checkpoint.keep)
+        return self.last_checkpoint
+
+    def _maybe_save(self) -> None:
+        self._save()
+
+    def _last_good_note(self) -> str:
+        ckpts = ckpt_io.list_checkpoints(self.run_dir / "checkpoints")
+        return f"The last good checkpoint is {ckpts[-1]}." if ckpts else "No checkpoint was written."
+
+    def _restore(self, path: Path) -> None:
+        loaded = ckpt_io.load(path, self.model)
+        st = loaded.state
+        try:
+            self.opt.load_state_dict(st["optimizer"])
+            self.sched.load_state_dict(st["scheduler"])
+            if self.scaler is not None and st.get("scaler"):
+                self.scaler.load_state_dict(st["scaler"])
+            self.step, self.samples_seen = int(st["step"]), int(st["samples_seen"])
+            torch.set_rng_state(st["rng"]["cpu"])
+            if self.device.type == "cuda" and st["rng"]["cuda"]:
+                torch.cuda.set_rng_state_all(st["rng"]["cuda"])
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise ckpt_io.CheckpointError(f"checkpoint {str(path)!r} cannot restore this run's "
+                                          f"optimizer state: {exc}.") from None
+        self.last_checkpoint = path
+
+    def _install_signal_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, frame):
+            if self._stop_signal is not None:
+                raise KeyboardInterrupt              # a second Ctrl-C stops at once
+            self._stop_signal = signum
+            self.console.print(f"\n[yellow]{signal.Signals(signum).name} received: finishing this step, "
+                               "saving a checkpoint, then stopping (again to stop at once).[/]")
+
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in previous:
+            signal.signal(s, handler)
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous) -> None:
+        for s, h in (previous or {}).items():
+            signal.signal(s, h)
+
+    # ------------------------------------------------------------------------------ summary
+    def _tokens(self, samples_per_s: float) -> dict[str, float]:
+        tps = self.workload.tokens_per_sample
+        return {"tokens_per_s": samples_per_s * tps} if tps else {}
+
+    def _bpb(self, loss: float) -> dict[str, float]:
+        # byte-level language model: nats per byte / ln 2 = bits per byte
+        return {"bpb": loss / LN2} if self.workload.kind == "gpt" else {}
+
+    def _summary(self, t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped) -> dict[str, Any]:
+        cfg = self.cfg
+        samples_per_step = cfg.data.batch_size * cfg.engine.grad_accum
+        steps_per_s = timed_steps / timed_s if timed_steps else None
+        samples_per_s = steps_per_s * samples_per_step if steps_per_s else None
+        achieved = self.flops_per_step * steps_per_s if steps_per_s else None
+        peak = peak_flops(str(self.device), self.choice.matmul_dtype)
+        peak_bytes, peak_method = mem.peak_memory(str(self.device))
+        out = {
+            "tensorpilot": __version__, "run_dir": str(self.run_dir),
+            "model": cfg.model.name, "size": cfg.model.size, "parameters": self.n_params,
+            "device": str(self.device), "device_name": self.caps.name,
+            "precision": self.choice.name, "precision_reason": self.choice.reason,
+            "compiled": self.compiled, "compile_reason": self.compile_reason,
+            "activation_checkpointing": bool(self.ac_blocks), "grad_accum": cfg.engine.grad_accum,
+            "optimizer": f"AdamW ({self.opt_impl})",
+            "steps": self.step, "skipped_steps": skipped,
+            "samples_per_s": samples_per_s, "tokens_per_s": (samples_per_s * self.workload.tokens_per_sample
+                                                             if samples_per_s and self.workload.tokens_per_sample else None),
+            "throughput_note": "steady state: excludes the first step of this invocation "
+                               "(warm-up, compilation), evaluation and checkpoint time",
+            "model_flops_per_step": self.flops_per_step, "achieved_flops_per_s": achieved,
+            "mfu": mfu(achieved, peak) if achieved else None,
+            "mfu_peak_flops_per_s": peak.flops_per_s, "mfu_peak_source": peak.source,
+            "peak_memory_bytes": peak_bytes, "peak_memory_method": peak_method,
+            "initial_val_loss": initial_val, "final_train_loss": last_loss, "final_val_loss": last_val,
+            "wall_s": time.perf_counter() - t_fit + self.setup_s, "setup_s": self.setup_s,
+            "train_s": time.perf_counter() - t_fit,
+        }
+        if self.workload.kind == "gpt":
+            out["final_val_bpb"] = last_val / LN2
+        out["checkpoint"] = str(getattr(self, "last_checkpoint", "") or "") or None
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+    def _write_summary(self, summary: dict[str, Any]) -> None:
+        tmp = self.run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=1))
+        tmp.replace(self.run_dir / "summary.json")
+
+    def print_summary(self, s: dict[str, Any]) -> None:
+        t = Table(title="tensorpilot train: summary", show_header=False, title_justify="left")
+        t.add_column(style="bold")
+        t.add_column()
+        fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
+        t.add_row("device / precision", f"{s['device_name']} [{s['device']}] / {s['precision']}"
+                  + (" + compile" if s["compiled"] else ""))
+        t.add_row("steps", f"{s['steps']} ({s['skipped_steps']} skipped)")
+        t.add_row("throughput", f"{fmt(s['samples_per_s'], ',.1f')} samples/s"
+                  + (f", {fmt(s['tokens_per_s'], ',.0f')} tokens/s" if s.get("tokens_per_s") else ""))
+        t.add_row("model FLOP/s", f"{fmt((s['achieved_flops_per_s'] or 0) / 1e9, ',.1f')} GFLOP/s; MFU "
+                  + (f"{s['mfu']:.1%} of {s['mfu_peak_source']} "
+                     f"({s['mfu_peak_flops_per_s'] / 1e9:,.0f} GFLOP/s)" if s["mfu"] is not None else "n/a"))
+        t.add_row("peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_method']})"
+                  if s["peak_memory_bytes"] else "n/a")
+        val = f"{fmt(s['initial_val_loss'], '.3f')} -> {fmt(s['final_val_loss'], '.3f')}"
+        if s.get("final_val_bpb") is not None:
+            val += f" ({s['final_val_bpb']:.3f} bits/byte)"
+        t.add_row("loss (train / val)", f"{fmt(s['final_train_loss'], '.3f')} / {val}")
+        t.add_row("time", f"{s['wall_s']:.1f} s wall ({s['setup_s']:.1f} s setup)")
+        t.add_row("run directory", f"{s['run_dir']} (summary.json, metrics.jsonl, tensorboard/, checkpoints/)")
+        self.console.print(t)

@@ -1,0 +1,1 @@
+"""Built-in workloads (gpt, mlp, cnn) and user-supplied ones (package.module:factory)."""

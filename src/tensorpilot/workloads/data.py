@@ -1,0 +1,227 @@
+"""Datasets of the built-in workloads. All offline, all deterministic.
+
+Every dataset is map-style and *sample i is a pure function of (seed, i)*, so the data position
+of a run is one integer (samples consumed): resuming restarts the sampler there and the batches
+are bit-identical to an uninterrupted run. ``__getitems__`` builds a whole micro-batch at once
+(the DataLoader calls it instead of per-sample ``__getitem__``).
+"""
+
+from __future__ import annotations
+
+import sysconfig
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tensorpilot.errors import ConfigError
+
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """A fast, well-mixed 64-bit hash (Steele et al., SplitMix, OOPSLA 2014), vectorised."""
+    with np.errstate(over="ignore"):
+        z = (x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)) & _MASK64
+        z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _MASK64
+        z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _MASK64
+        return z ^ (z >> np.uint64(31))
+
+
+def sample_hash(seed: int, indices: list[int] | np.ndarray) -> np.ndarray:
+    idx = np.asarray(indices, dtype=np.uint64)
+    return splitmix64(idx ^ splitmix64(np.asarray([seed], dtype=np.uint64)))
+
+
+# ----------------------------------------------------------------------------------- text
+
+class ByteWindows(torch.utils.data.Dataset):
+    """Random windows of a byte corpus: sample i = (x, y) with y = x shifted by one byte."""
+
+    def __init__(self, data: torch.Tensor, seq_len: int, seed: int, length: int = 2**40):
+        if data.numel() < seq_len + 2:
+            raise ConfigError(f"the text corpus has {data.numel()} bytes, fewer than one window of "
+                              f"{seq_len + 1}; give more text or a smaller model.seq_len.")
+        self.data, self.seq_len, self.seed, self.length = data, seq_len, seed, length
+        self._span = torch.arange(seq_len + 1)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        n_starts = self.data.numel() - self.seq_len - 1
+        starts = torch.from_numpy((sample_hash(self.seed, indices) % np.uint64(n_starts)).astype(np.int64))
+        windows = self.data[starts[:, None] + self._span].long()      # (B, T+1)
+        return windows[:, :-1], windows[:, 1:]                        # (B, T), (B, T)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.__getitems__([i])
+        return x[0], y[0]
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _text_files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    if root == stdlib_root():
+        files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts]
+    else:
+        files = [p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")]
+    return sorted(files)
+
+
+def load_text_corpus(path: str | None, val_fraction: float, max_bytes: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(train bytes, validation bytes, description) as uint8 tensors.
+
+    Directories are split by file (a file goes to validation when crc32 of its relative path
+    falls in the validation share), so no text is shared between the splits; a single file is
+    split at its last ``val_fraction`` of bytes. Files with NUL bytes (binaries) are skipped.
+    """
+    root = Path(path).expanduser() if path else stdlib_root()
+    if not root.exists():
+        raise ConfigError(f"data path {str(root)!r} does not exist.")
+    files = _text_files(root)
+    train_parts: list[bytes] = []
+    val_parts: list[bytes] = []
+    total = 0
+    for f in files:
+        if total >= max_bytes:
+            break
+        try:
+            blob = f.read_bytes()
+        except OSError:
+            continue
+        if not blob or b"\x00" in blob:
+            continue
+        blob = blob[: max_bytes - total]
+        total += len(blob)
+        if len(files) == 1:
+            cut = int(len(blob) * (1 - val_fraction))
+            train_parts.append(blob[:cut])
+            val_parts.append(blob[cut:])
+            continue
+        rel = f.relative_to(root).as_posix().encode()
+        (val_parts if zlib.crc32(rel) % 10_000 < val_fraction * 10_000 else train_parts).append(blob)
+    if not val_parts and len(train_parts) > 1:
+        val_parts.append(train_parts.pop())
+    train, val = b"".join(train_parts), b"".join(val_parts)
+    if not train or not val:
+        raise ConfigError(f"no usable text found in {str(root)!r} (empty or binary files only).")
+    desc = {"source": "python-stdlib" if path is None else str(root), "files": len(files),
+            "train_bytes": len(train), "val_bytes": len(val)}
+    to_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
+    return to_tensor(train), to_tensor(val), desc
+
+
+# ------------------------------------------------------------------------------ tensors
+
+class SyntheticClasses(torch.utils.data.Dataset):
+    """Class-conditional Gaussians: x = prototype[y] + noise, y = hash(i) mod classes.
+
+    Learnable (the loss falls) yet never exhausted; sample i depends only on (seed, i).
+    """
+
+    def __init__(self, input_shape: list[int], num_classes: int, seed: int, length: int,
+                 signal: float = 0.5):
+        g = torch.Generator().manual_seed(seed)
+        self.prototypes = torch.randn(num_classes, *input_shape, generator=g) * signal
+        self.num_classes, self.seed, self.length = num_classes, seed, length
+        self.input_shape = list(input_shape)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        h = sample_hash(self.seed, indices)
+        y = torch.from_numpy((h % np.uint64(self.num_classes)).astype(np.int64))
+        noise = np.stack([np.random.Generator(np.random.Philox(key=int(k))).standard_normal(
+            self.input_shape, dtype=np.float32) for k in h])
+        return self.prototypes[y] + torch.from_numpy(noise), y      # (B, *shape), (B,)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.__getitems__([i])
+        return x[0], y[0]
+
+
+class TensorSamples(torch.utils.data.Dataset):
+    """User tensors, visited in a fresh seeded permutation every epoch (sample i: epoch i // N)."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, seed: int):
+        self.inputs, self.targets, self.seed = inputs, targets, seed
+        self._perm: tuple[int, torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        return 2**40
+
+    def _index(self, i: int) -> int:
+        n = self.inputs.shape[0]
+        epoch = i // n
+        if self._perm is None or self._perm[0] != epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = (epoch, torch.randperm(n, generator=g))
+        return int(self._perm[1][i % n])
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.tensor([self._index(i) for i in indices])
+        return self.inputs[rows], self.targets[rows]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.__getitems__([i])
+        return x[0], y[0]
+
+
+def _pick(mapping: dict, names: tuple[str, ...], path: str) -> torch.Tensor:
+    for n in names:
+        if n in mapping:
+            return torch.as_tensor(np.asarray(mapping[n])) if not isinstance(mapping[n], torch.Tensor) else mapping[n]
+    raise ConfigError(f"{path!r} must hold tensors named {names[0]!r} and 'targets' (or 'x' and 'y').")
+
+
+def load_tensors(path: str, targets_path: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and integer targets from .pt (dict or pair; loaded without unpickling code),
+    .npz (arrays inputs/targets or x/y) or .npy (+ ``targets_path`` .npy)."""
+    p = Path(path).expanduser()
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".pt" or suffix == ".pth":
+            obj = torch.load(p, map_location="cpu", weights_only=True)
+            if isinstance(obj, (tuple, list)) and len(obj) == 2:
+                inputs, targets = obj
+            elif isinstance(obj, dict):
+                inputs, targets = _pick(obj, ("inputs", "x"), path), _pick(obj, ("targets", "y"), path)
+            else:
+                raise ConfigError(f"{path!r} must hold a dict with 'inputs' and 'targets' or an (inputs, targets) pair.")
+        elif suffix == ".npz":
+            with np.load(p, allow_pickle=False) as z:
+                inputs, targets = _pick(z, ("inputs", "x"), path), _pick(z, ("targets", "y"), path)
+        elif suffix == ".npy":
+            if not targets_path:
+                raise ConfigError(f"{path!r} holds inputs only: give the targets with --data.targets_path.")
+            inputs = torch.from_numpy(np.load(p, allow_pickle=False))
+            targets = torch.from_numpy(np.load(Path(targets_path).expanduser(), allow_pickle=False))
+        else:
+            raise ConfigError(f"unsupported data file {path!r}: use .pt, .npz or .npy.")
+    except ConfigError:
+        raise
+    except Exception as exc:  # corrupt/unreadable file: say which, without a traceback
+        raise ConfigError(f"cannot read data file {path!r}: {exc}".rstrip(".") + ".") from None
+    inputs, targets = torch.as_tensor(inputs), torch.as_tensor(targets)
+    if inputs.shape[0] != targets.shape[0] or inputs.shape[0] < 2:
+        raise ConfigError(f"inputs ({tuple(inputs.shape)}) and targets ({tuple(targets.shape)}) must "
+                          "have the same number of samples, at least 2.")
+    if targets.dtype.is_floating_point or targets.dim() != 1:
+        raise ConfigError("targets must be a 1-D tensor of integer class indices.")
+    return inputs.float(), targets.long()
+
+
+def split_tensors(inputs: torch.Tensor, targets: torch.Tensor, val_fraction: float, seed: int):
+    n = inputs.shape[0]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_val = max(1, int(n * val_fraction))
+    val, train = perm[:n_val], perm[n_val:]
+    return (inputs[train], targets[train]), (inputs[val], targets[val])

@@ -1,0 +1,126 @@
+"""A decoder-only transformer (GPT-2 style): pre-LayerNorm blocks, causal attention through
+``scaled_dot_product_attention`` (flash/efficient kernels where available), GeLU MLP, learned
+positions, optionally tied head. Shapes: B batch, T time, C = d_model, H heads, V vocab.
+
+Model code never imports torch.distributed; parallelism is applied from outside.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(kw_only=True, slots=True)
+class GPTConfig:
+    vocab_size: int = 256        # bytes
+    seq_len: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    dropout: float = 0.0
+    tie_head: bool = True
+
+
+# Byte-level presets. "small" is the 6-layer, 384-wide reference of the benchmarks; "large" is
+# GPT-2 small's body (Radford et al. 2019) with a byte vocabulary.
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(n_layer=4, n_head=4, d_model=128, seq_len=128),
+    "small": dict(n_layer=6, n_head=6, d_model=384, seq_len=256),
+    "medium": dict(n_layer=8, n_head=8, d_model=512, seq_len=512),
+    "large": dict(n_layer=12, n_head=12, d_model=768, seq_len=1024),
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)                       # 3 x (B, T, C)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(                          # (B, H, T, C/H)
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_head:
+            self.head.weight = self.tok_emb.weight
+        self.apply(self._init)
+        # GPT-2's scaled init of residual projections: std 0.02 / sqrt(2 * n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape                                             # (B, T) byte ids
+        pos = torch.arange(T, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)                    # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))                               # (B, T, V) logits
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
+                 top_k: int | None = 40, generator: torch.Generator | None = None) -> torch.Tensor:
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.cfg.seq_len:])[:, -1, :].float()   # (B, V)
+            if temperature <= 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx
