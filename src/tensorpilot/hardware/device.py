@@ -67,7 +67,7 @@ def cpu_name() -> str:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
                 if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                    return " ".join(line.split(":", 1)[1].split())
     except OSError:
         pass
     return platform.processor() or platform.machine() or "cpu"

@@ -34,23 +34,35 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
     return len(blocks)
 
 
-def compile_decision(requested: str, caps: DeviceCaps, steps: int) -> tuple[bool, str]:
-    """Whether to torch.compile, and why. Compilation costs tens of seconds once on a 2-core CPU
-    (measured: benchmarks/RESULTS.md), so 'auto' compiles when the run is long enough to repay it."""
+# Measured on the 2-core dev CPU (benchmarks/RESULTS.md): compiling the tiny gpt costs ~25 s and
+# saves ~25% of a step; the small gpt ~16 s for ~15%. Compilation repays itself after roughly
+# 100 s of eager training; 'auto' asks for twice that.
+COMPILE_WORTH_S = 200.0
+
+
+def compile_decision(requested: str, caps: DeviceCaps, remaining_steps: int,
+                     eager_step_s: float | None = None) -> tuple[bool | None, str]:
+    """Whether to torch.compile, and why. ``None`` means 'time an eager step first': 'auto'
+    compiles when the rest of the run, at the measured eager step time, would last longer
+    than ``COMPILE_WORTH_S``."""
     if requested == "off":
         return False, "compile off as requested"
-    if caps.kind == "cpu" and not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
-        if requested == "on":
-            return True, "compile on as requested (no C++ compiler found: it will probably fall back)"
-        return False, "auto: not compiling, inductor needs a C++ compiler on CPU and none was found"
+    has_cxx = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
     if requested == "on":
-        return True, "compile on as requested"
+        note = "" if has_cxx or caps.kind != "cpu" else " (no C++ compiler found: it will probably fall back)"
+        return True, "compile on as requested" + note
+    if caps.kind == "cpu" and not has_cxx:
+        return False, "auto: not compiling, inductor needs a C++ compiler on CPU and none was found"
     if caps.kind == "mps":
         return False, "auto: not compiling on MPS (inductor support there is experimental)"
-    min_steps = 200 if caps.kind == "cpu" else 100
-    if steps < min_steps:
-        return False, f"auto: not compiling, {steps} steps are too few to repay compilation (< {min_steps})"
-    return True, f"auto: compiling, {steps} steps repay the one-off compilation"
+    if eager_step_s is None:
+        return None, "auto: deciding after timing an eager step"
+    rest_s = remaining_steps * eager_step_s
+    if rest_s < COMPILE_WORTH_S:
+        return False, (f"auto: not compiling, the remaining {remaining_steps} steps take ~{rest_s:.0f} s "
+                       f"eager, too short to repay compilation (< {COMPILE_WORTH_S:.0f} s)")
+    return True, (f"auto: compiling, the remaining {remaining_steps} steps would take ~{rest_s:.0f} s "
+                  "eager, long enough to repay compilation")
 
 
 def apply_compile(model: nn.Module) -> nn.Module:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tensorpilot import __version__
@@ -126,8 +127,7 @@ class Trainer:
 
         self.compiled, self.compile_reason = engine.compile_decision(
             cfg.engine.compile, self.caps, cfg.train.steps - self.step)
-        self.step_model = engine.apply_compile(self.model) if self.compiled else self.model
-        self._compile_unproven = self.compiled
+        self._set_compiled(bool(self.compiled))
 
         pin = self.device.type == "cuda"
         self.batches = loader.DevicePrefetcher(
@@ -140,9 +140,9 @@ class Trainer:
         self.setup_s = time.perf_counter() - t_setup
 
         say(f"[bold]tensorpilot[/] {wl.kind} ({self.n_params / 1e6:.2f}M parameters) on "
-            f"{self.caps.name} [{self.device}] -> {self.run_dir}")
-        say(f"  precision: {self.choice.reason}")
-        say(f"  compile:   {self.compile_reason}")
+            + escape(f"{self.caps.name} [{self.device}] -> {self.run_dir}"))
+        say(f"  precision: {escape(self.choice.reason)}")
+        say(f"  compile:   {escape(self.compile_reason)}")
         say(f"  optimizer: AdamW ({self.opt_impl}), lr {cfg.optim.lr:g}, warm-up {cfg.optim.warmup_steps}, "
             f"cosine to {cfg.optim.min_lr_ratio:g}x; batch {cfg.data.batch_size} x {cfg.engine.grad_accum} "
             f"micro-batches" + (f"; activation checkpointing on {self.ac_blocks} blocks" if self.ac_blocks else "")
@@ -189,6 +189,19 @@ class Trainer:
         self.sched.step()
         return loss_value, norm_value, finite
 
+    def _set_compiled(self, on: bool) -> None:
+        self.step_model = engine.apply_compile(self.model) if on else self.model
+        self._compile_unproven = on
+
+    def _maybe_compile(self, eager_step_s: float) -> None:
+        """compile=auto: decide once an eager step has been timed (the first, warm-up step is not)."""
+        if self.compiled is not None:
+            return
+        self.compiled, self.compile_reason = engine.compile_decision(
+            self.cfg.engine.compile, self.caps, self.cfg.train.steps - self.step, eager_step_s)
+        self._set_compiled(self.compiled)
+        self.console.print(f"  compile:   {escape(self.compile_reason)}")
+
     def train_step(self) -> tuple[float, float, bool]:
         batches = [next(self.batches) for _ in range(self.cfg.engine.grad_accum)]
         if not self._compile_unproven:
@@ -232,6 +245,7 @@ class Trainer:
                 self.samples_seen += samples_per_step
                 if self.step > first_step + 1:          # the first step pays for warm-up/compile
                     timed_s, timed_steps = timed_s + dt, timed_steps + 1
+                    self._maybe_compile(dt)
                 bad_streak = 0 if applied else bad_streak + 1
                 skipped += not applied
                 if bad_streak >= cfg.train.max_bad_steps:
@@ -252,8 +266,7 @@ class Trainer:
                 if self.step % cfg.train.eval_interval == 0 or self.step == cfg.train.steps:
                     last_val = self.evaluate()
                     self.metrics.log(self.step, "val", {"loss": last_val, **self._bpb(last_val)})
-                if bad_streak == 0 and (self.step % cfg.checkpoint.interval == 0
-                                        or self.step == cfg.train.steps):
+                if bad_streak == 0:                     # never checkpoint a non-finite state
                     self._maybe_save()
                 tok = self._tokens(rate).get("tokens_per_s")
                 progress.update(self.step, f"loss {last_loss:.3f}  "
@@ -323,7 +336,8 @@ class Trainer:
         return self.last_checkpoint
 
     def _maybe_save(self) -> None:
-        self._save()
+        if self.step % self.cfg.checkpoint.interval == 0 or self.step == self.cfg.train.steps:
+            self._save()
 
     def _last_good_note(self) -> str:
         ckpts = ckpt_io.list_checkpoints(self.run_dir / "checkpoints")
@@ -389,7 +403,7 @@ class Trainer:
             "model": cfg.model.name, "size": cfg.model.size, "parameters": self.n_params,
             "device": str(self.device), "device_name": self.caps.name,
             "precision": self.choice.name, "precision_reason": self.choice.reason,
-            "compiled": self.compiled, "compile_reason": self.compile_reason,
+            "compiled": bool(self.compiled), "compile_reason": self.compile_reason,
             "activation_checkpointing": bool(self.ac_blocks), "grad_accum": cfg.engine.grad_accum,
             "optimizer": f"AdamW ({self.opt_impl})",
             "steps": self.step, "skipped_steps": skipped,
@@ -420,7 +434,7 @@ class Trainer:
         t.add_column(style="bold")
         t.add_column()
         fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
-        t.add_row("device / precision", f"{s['device_name']} [{s['device']}] / {s['precision']}"
+        t.add_row("device / precision", escape(f"{s['device_name']} [{s['device']}] / {s['precision']}")
                   + (" + compile" if s["compiled"] else ""))
         t.add_row("steps", f"{s['steps']} ({s['skipped_steps']} skipped)")
         t.add_row("throughput", f"{fmt(s['samples_per_s'], ',.1f')} samples/s"
