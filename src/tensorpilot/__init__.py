@@ -9,7 +9,7 @@ __all__ = ["__version__", "train", "Trainer", "Workload", "RunConfig"]
 
 _LAZY = {
     "train": ("tensorpilot.api", "train"),
-    "Trainer": ("tensorpilot.train.trainer", "Trainer"),
+    "Trainer": ("tensorpilot.training.trainer", "Trainer"),
     "Workload": ("tensorpilot.workloads.base", "Workload"),
     "RunConfig": ("tensorpilot.config", "RunConfig"),
 }

@@ -35,7 +35,7 @@ def train(model=None, data=None, loss_fn: Callable | None = None, *, val_data=No
     >>> data = torch.utils.data.TensorDataset(torch.randn(512, 8), torch.randint(0, 2, (512,)))
     >>> tensorpilot.train(torch.nn.Linear(8, 2), data, overrides={"train.steps": 20})
     """
-    from tensorpilot.train.trainer import Trainer
+    from tensorpilot.training.trainer import Trainer
     from tensorpilot.workloads.base import Workload
 
     cfg = config or RunConfig()
@@ -49,8 +49,9 @@ def train(model=None, data=None, loss_fn: Callable | None = None, *, val_data=No
             raise ConfigError("train(model, data): give the training data with the model.")
         workload = Workload(model=model, train_data=data, val_data=val_data, loss_fn=loss_fn,
                             tokens_per_sample=tokens_per_sample)
-        cfg.model.name = type(model).__name__ if ":" in cfg.model.name or cfg.model.name in (
-            "gpt", "mlp", "cnn") else cfg.model.name
+    if workload is not None and ":" not in cfg.model.name:
+        # name the user's model in summaries and checkpoints, e.g. "python:MyNet"
+        cfg.model.name = f"python:{type(workload.model).__name__}"
     return Trainer(cfg, workload, console=console).fit()
 
 
@@ -60,7 +61,7 @@ def generate(run: str | Path, prompt: str = "", max_new_tokens: int = 200, tempe
     import torch
 
     from tensorpilot.hardware.device import resolve_device
-    from tensorpilot.train import checkpoint as ckpt_io
+    from tensorpilot.training import checkpoint as ckpt_io
     from tensorpilot.workloads.gpt import GPT, GPTConfig
 
     ckpt = ckpt_io.find_checkpoint(run)

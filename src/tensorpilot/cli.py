@@ -79,7 +79,7 @@ def build_config(args: argparse.Namespace):
     given = {k[4:]: v for k, v in vars(args).items() if k.startswith("set:")}
     if args.resume:
         # the checkpoint's own configuration is the base of a resumed run
-        from tensorpilot.train import checkpoint as ckpt_io
+        from tensorpilot.training import checkpoint as ckpt_io
 
         target = args.resume if args.resume != "latest" else given.get("run_dir")
         if target:
@@ -100,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         print(to_toml(cfg), end="")
         return 0
-    from tensorpilot.train.trainer import Trainer
+    from tensorpilot.training.trainer import Trainer
 
     Trainer(cfg).fit()
     return 0

@@ -129,7 +129,15 @@ class SyntheticClasses(torch.utils.data.Dataset):
     def __init__(self, input_shape: list[int], num_classes: int, seed: int, length: int,
                  signal: float = 0.5):
         g = torch.Generator().manual_seed(seed)
-        self.prototypes = torch.randn(num_classes, *input_shape, generator=g) * signal
+        if len(input_shape) == 3:
+            # images: smooth class patterns (4x4 noise upsampled), which convolutions and pooling
+            # can detect; white-noise prototypes would average away under global pooling
+            c, h, w = input_shape
+            coarse = torch.randn(num_classes, c, 4, 4, generator=g)
+            protos = torch.nn.functional.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False)
+            self.prototypes = protos / protos.std() * signal
+        else:
+            self.prototypes = torch.randn(num_classes, *input_shape, generator=g) * signal
         self.num_classes, self.seed, self.length = num_classes, seed, length
         self.input_shape = list(input_shape)
 
@@ -148,31 +156,54 @@ class SyntheticClasses(torch.utils.data.Dataset):
         return x[0], y[0]
 
 
-class TensorSamples(torch.utils.data.Dataset):
-    """User tensors, visited in a fresh seeded permutation every epoch (sample i: epoch i // N)."""
+class ShuffledEpochs(torch.utils.data.Dataset):
+    """Endless view of a finite map-style dataset: sample i is item perm_e[i mod N] of epoch
+    e = i // N, with a fresh seeded permutation per epoch (so sample i depends on (seed, i))."""
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, seed: int):
-        self.inputs, self.targets, self.seed = inputs, targets, seed
+    def __init__(self, dataset, seed: int):
+        self.dataset, self.seed, self.n = dataset, seed, len(dataset)
+        if self.n == 0:
+            raise ConfigError("the dataset is empty.")
         self._perm: tuple[int, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return 2**40
 
-    def _index(self, i: int) -> int:
-        n = self.inputs.shape[0]
-        epoch = i // n
-        if self._perm is None or self._perm[0] != epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm = (epoch, torch.randperm(n, generator=g))
-        return int(self._perm[1][i % n])
+    def _rows(self, indices: list[int]) -> list[int]:
+        rows = []
+        for i in indices:
+            epoch = i // self.n
+            if self._perm is None or self._perm[0] != epoch:
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                self._perm = (epoch, torch.randperm(self.n, generator=g))
+            rows.append(int(self._perm[1][i % self.n]))
+        return rows
 
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.tensor([self._index(i) for i in indices])
-        return self.inputs[rows], self.targets[rows]
+    def __getitems__(self, indices: list[int]):
+        rows = self._rows(indices)
+        if hasattr(self.dataset, "__getitems__"):
+            return self.dataset.__getitems__(rows)
+        return [self.dataset[r] for r in rows]          # collated by the loader
+
+    def __getitem__(self, i: int):
+        return self.dataset[self._rows([i])[0]]
+
+
+class Tensors(torch.utils.data.Dataset):
+    """(inputs[i], targets[i]); a whole batch is one indexing operation."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        self.inputs, self.targets = inputs, targets
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def __getitems__(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.tensor(rows)
+        return self.inputs[idx], self.targets[idx]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.__getitems__([i])
-        return x[0], y[0]
+        return self.inputs[i], self.targets[i]
 
 
 def _pick(mapping: dict, names: tuple[str, ...], path: str) -> torch.Tensor:

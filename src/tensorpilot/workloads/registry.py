@@ -50,7 +50,7 @@ def _classification_data(dcfg: DataConfig, default_shape: list[int], seed: int):
         (xt, yt), (xv, yv) = D.split_tensors(inputs, targets, dcfg.val_fraction, seed)
         shape, classes = list(inputs.shape[1:]), int(targets.max()) + 1
         desc = {"source": str(dcfg.path), "train_samples": len(yt), "val_samples": len(yv)}
-        return D.TensorSamples(xt, yt, seed), D.TensorSamples(xv, yv, seed + VAL_SEED_OFFSET), shape, classes, desc
+        return D.Tensors(xt, yt), D.Tensors(xv, yv), shape, classes, desc
     shape = dcfg.input_shape or default_shape
     train = D.SyntheticClasses(shape, dcfg.num_classes, seed, dcfg.synthetic_samples)
     val = D.SyntheticClasses(shape, dcfg.num_classes, seed, dcfg.synthetic_samples)
@@ -109,8 +109,7 @@ def build_custom(mcfg: ModelConfig, dcfg: DataConfig, seed: int) -> Workload:
                               "(.pt/.npz/.npy), or return a tensorpilot.Workload from the factory.")
         inputs, targets = D.load_tensors(dcfg.path, dcfg.targets_path)
         (xt, yt), (xv, yv) = D.split_tensors(inputs, targets, dcfg.val_fraction, seed)
-        return Workload(model=made, train_data=D.TensorSamples(xt, yt, seed),
-                        val_data=D.TensorSamples(xv, yv, seed + VAL_SEED_OFFSET),
+        return Workload(model=made, train_data=D.Tensors(xt, yt), val_data=D.Tensors(xv, yv),
                         meta={"data": {"source": dcfg.path}})
     raise ConfigError(f"{mcfg.name} must return an nn.Module or a tensorpilot.Workload, "
                       f"got {type(made).__name__}.")

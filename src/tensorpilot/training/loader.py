@@ -30,9 +30,15 @@ def _as_batch(items):
     return items
 
 
-def make_loader(dataset, batch_size: int, start: int, num_workers: int, pin_memory: bool):
+def make_loader(dataset, batch_size: int, start: int, num_workers: int, pin_memory: bool, seed: int):
+    """A loader of endless micro-batches from sample ``start`` on. Finite datasets are cycled
+    in a seeded permutation per epoch; a user's own DataLoader is used as given."""
     if isinstance(dataset, torch.utils.data.DataLoader):
-        return dataset                       # the user's own loader, used as given
+        return dataset
+    if len(dataset) < 2**40:
+        from tensorpilot.workloads.data import ShuffledEpochs
+
+        dataset = ShuffledEpochs(dataset, seed)
     return torch.utils.data.DataLoader(
         dataset, batch_sampler=ResumableBatches(batch_size, start), num_workers=num_workers,
         pin_memory=pin_memory, collate_fn=_as_batch, persistent_workers=num_workers > 0,

@@ -33,8 +33,8 @@ from tensorpilot.observe.flops import train_step_flops
 from tensorpilot.observe.logger import MetricsLogger
 from tensorpilot.observe.peak import mfu, peak_flops
 from tensorpilot.observe.progress import TrainProgress
-from tensorpilot.train import checkpoint as ckpt_io
-from tensorpilot.train import engine, loader, optim, precision
+from tensorpilot.training import checkpoint as ckpt_io
+from tensorpilot.training import engine, loader, optim, precision
 from tensorpilot.workloads.base import Workload
 
 LN2 = math.log(2.0)
@@ -132,7 +132,7 @@ class Trainer:
         pin = self.device.type == "cuda"
         self.batches = loader.DevicePrefetcher(
             loader.make_loader(wl.train_data, cfg.data.batch_size, self.samples_seen,
-                               cfg.data.num_workers, pin), self.device)
+                               cfg.data.num_workers, pin, cfg.train.seed), self.device)
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.toml").write_text(to_toml(cfg))
@@ -151,12 +151,9 @@ class Trainer:
             say(f"  resumed:   {resume_from} (step {self.step})")
 
     def _sample_batch(self):
-        data = self.workload.train_data
-        if isinstance(data, torch.utils.data.DataLoader):
-            return next(iter(data))
-        return loader._as_batch(data.__getitems__(list(range(self.cfg.data.batch_size)))
-                                if hasattr(data, "__getitems__")
-                                else [data[i] for i in range(self.cfg.data.batch_size)])
+        """One micro-batch as training will see it (for FLOP counting on the meta copy)."""
+        return next(iter(loader.make_loader(self.workload.train_data, self.cfg.data.batch_size, 0, 0,
+                                            False, self.cfg.train.seed)))
 
     def autocast(self):
         if self.choice.autocast is None:
@@ -300,7 +297,7 @@ class Trainer:
         was_training = model.training
         model.eval()
         it = iter(val if isinstance(val, torch.utils.data.DataLoader)
-                  else loader.make_loader(val, self.cfg.data.batch_size, 0, 0, False))
+                  else loader.make_loader(val, self.cfg.data.batch_size, 0, 0, False, self.cfg.train.seed + 1))
         losses = []
         for _ in range(self.cfg.train.eval_batches):
             try:

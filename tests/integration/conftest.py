@@ -1,0 +1,41 @@
+"""Shared helpers for the end-to-end tier: run the real CLI in a subprocess, in a temp dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# tiny, fast settings: a 2-layer 64-wide gpt, 32-byte context, no compilation
+FAST = ["--model.n_layer", "2", "--model.d_model", "64", "--model.n_head", "2", "--model.seq_len", "32",
+        "--batch-size", "8", "--compile", "off", "--data.max_bytes", "400000",
+        "--train.eval_batches", "2", "--logging.progress", "lines"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_cache(tmp_path_factory):
+    """One measured-ceiling cache for the whole session (measuring costs ~1 s), never ~/.cache."""
+    path = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("TENSORPILOT_CACHE")
+    os.environ["TENSORPILOT_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("TENSORPILOT_CACHE", None)
+    else:
+        os.environ["TENSORPILOT_CACHE"] = old
+
+
+def run_cli(*args: str, cwd: Path | None = None, check: bool = False, timeout: float = 300):
+    proc = subprocess.run([sys.executable, "-m", "tensorpilot", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
