@@ -118,3 +118,12 @@ def test_gpt_on_a_user_text_directory(tmp_path):
             "--run-dir", str(run), check=True)
     s = json.loads((run / "summary.json").read_text())
     assert s["final_val_loss"] < s["initial_val_loss"]
+
+
+def test_compiled_training_runs_for_real(tmp_path):
+    """torch.compile with inductor on this CPU (needs the C++ compiler the machine has)."""
+    run = tmp_path / "run"
+    proc = run_cli("train", *FAST, "--compile", "on", "--steps", "6", "--run-dir", str(run), check=True)
+    s = json.loads((run / "summary.json").read_text())
+    assert s["compiled"] is True, proc.stdout + proc.stderr
+    assert s["final_val_loss"] < s["initial_val_loss"]

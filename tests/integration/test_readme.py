@@ -1,0 +1,62 @@
+"""The README's commands run (shortened), so they never rot."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import run_cli
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def shorten(argv: list[str]) -> list[str]:
+    """--steps N -> N // 100 (at least 2); a train command without --steps gets 3."""
+    out = list(argv)
+    if "--steps" in out:
+        i = out.index("--steps") + 1
+        out[i] = str(max(2, int(out[i]) // 100))
+    elif out[:1] == ["train"] and "--print-config" not in out:
+        out += ["--steps", "3"]
+    return out
+
+
+def test_readme_names_the_setup_test_and_main_commands_and_ci_runs_the_test_command():
+    commands = [line.strip() for b in blocks("bash") for line in b.splitlines() if line.strip()]
+    assert any(c.startswith("python -m pip install") for c in commands)
+    assert "tensorpilot train" in commands
+    assert "python -m pytest -q" in commands
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert "\npython -m pytest -q\n" in ci                   # exactly the README's test command
+
+
+def test_readme_tensorpilot_commands_run(tmp_path):
+    ran = 0
+    for block in blocks("bash"):
+        for line in block.splitlines():
+            line = line.split("#")[0].strip()
+            if not line.startswith("tensorpilot "):
+                continue
+            argv = shorten(shlex.split(line)[1:])
+            proc = run_cli(*argv, cwd=tmp_path)
+            assert proc.returncode == 0, f"{line}\n{proc.stderr}"
+            ran += 1
+    assert ran >= 5
+    # the tour's resumed run continued the demo run to the shortened step count
+    assert json.loads((tmp_path / "runs" / "demo" / "summary.json").read_text())["steps"] == 4
+
+
+def test_readme_python_example_runs(tmp_path):
+    (code,) = blocks("python")
+    proc = subprocess.run([sys.executable, "-c", code + "\nprint(summary['steps'])"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "20"
