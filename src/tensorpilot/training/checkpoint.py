@@ -107,7 +107,10 @@ class Loaded:
 
 def read_meta(ckpt: Path) -> dict[str, Any]:
     try:
-        return json.loads((ckpt / "meta.json").read_text())
+        meta = json.loads((ckpt / "meta.json").read_text())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+        return meta
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {str(ckpt)!r} is incomplete: meta.json is missing.") from None
     except (OSError, ValueError) as exc:
@@ -119,8 +122,10 @@ def verify(ckpt: Path, meta: dict[str, Any]) -> None:
         path = ckpt / f
         if not path.exists():
             raise CheckpointError(f"checkpoint {str(ckpt)!r} is incomplete: {f} is missing.")
-        expected = meta.get("sha256", {}).get(f)
-        if expected and _sha256(path) != expected:
+        expected = (meta.get("sha256") or {}).get(f)
+        if not expected:
+            raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: meta.json has no checksum for {f}.")
+        if _sha256(path) != expected:
             raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: {f} does not match its checksum.")
 
 

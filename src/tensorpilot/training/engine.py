@@ -25,13 +25,19 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
 
 
-def apply_activation_checkpointing(model: nn.Module) -> int:
-    """Recompute each block's activations during backward; returns the number of blocks."""
-    blocks = repeated_blocks(model)
+_RUNNING_STATS = (nn.modules.batchnorm._BatchNorm,)
+
+
+def apply_activation_checkpointing(model: nn.Module) -> tuple[int, int]:
+    """Recompute each block's activations during backward. Blocks holding BatchNorm are left
+    alone: recomputing their forward would update the running statistics a second time.
+    Returns (blocks checkpointed, blocks skipped)."""
+    blocks = [b for b in repeated_blocks(model) if not any(isinstance(m, _RUNNING_STATS) for m in b.modules())]
+    skipped = len(repeated_blocks(model)) - len(blocks)
     for block in blocks:
         # wrap the bound forward instead of the module, so parameter names stay unchanged
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
-    return len(blocks)
+    return len(blocks), skipped
 
 
 # Measured on the 2-core dev CPU (benchmarks/RESULTS.md): compiling the tiny gpt costs ~25 s and

@@ -111,8 +111,11 @@ class Trainer:
         self.flops_per_step = train_step_flops(self.model, sample[0], sample[1], wl.loss) * cfg.engine.grad_accum
 
         self.frozen = optim.freeze(self.model, cfg.optim.freeze) if cfg.optim.freeze else []
-        self.ac_blocks = engine.apply_activation_checkpointing(self.model) \
-            if cfg.engine.activation_checkpointing else 0
+        self.ac_blocks, ac_skipped = engine.apply_activation_checkpointing(self.model) \
+            if cfg.engine.activation_checkpointing else (0, 0)
+        if ac_skipped:
+            say(f"  activation checkpointing skips {ac_skipped} blocks with BatchNorm (recomputing "
+                "them would update running statistics twice)")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt, self.opt_impl = optim.build_optimizer(self.model, cfg.optim, self.device.type)
         self.sched = optim.build_scheduler(self.opt, cfg.optim, cfg.train.steps)

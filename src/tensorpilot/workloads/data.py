@@ -40,7 +40,7 @@ class ByteWindows(torch.utils.data.Dataset):
     """Random windows of a byte corpus: sample i = (x, y) with y = x shifted by one byte."""
 
     def __init__(self, data: torch.Tensor, seq_len: int, seed: int, length: int = 2**40):
-        if data.numel() < seq_len + 2:
+        if data.numel() < seq_len + 1:
             raise ConfigError(f"the text corpus has {data.numel()} bytes, fewer than one window of "
                               f"{seq_len + 1}; give more text or a smaller model.seq_len.")
         self.data, self.seq_len, self.seed, self.length = data, seq_len, seed, length
@@ -50,7 +50,7 @@ class ByteWindows(torch.utils.data.Dataset):
         return self.length
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        n_starts = self.data.numel() - self.seq_len - 1
+        n_starts = self.data.numel() - self.seq_len          # last start: numel - (seq_len + 1)
         starts = torch.from_numpy((sample_hash(self.seed, indices) % np.uint64(n_starts)).astype(np.int64))
         windows = self.data[starts[:, None] + self._span].long()      # (B, T+1)
         return windows[:, :-1], windows[:, 1:]                        # (B, T), (B, T)
@@ -69,8 +69,9 @@ def _text_files(root: Path) -> list[Path]:
         return [root]
     if root == stdlib_root():
         files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts]
-    else:
-        files = [p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")]
+    else:  # skip hidden files and folders (.git, .venv, ...)
+        files = [p for p in root.rglob("*") if p.is_file()
+                 and not any(part.startswith(".") for part in p.relative_to(root).parts)]
     return sorted(files)
 
 
@@ -78,41 +79,44 @@ def load_text_corpus(path: str | None, val_fraction: float, max_bytes: int
                      ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(train bytes, validation bytes, description) as uint8 tensors.
 
-    Directories are split by file (a file goes to validation when crc32 of its relative path
-    falls in the validation share), so no text is shared between the splits; a single file is
-    split at its last ``val_fraction`` of bytes. Files with NUL bytes (binaries) are skipped.
+    Several files are split by file (a file goes to validation when crc32 of its relative path
+    falls in the validation share), so no text is shared between the splits; a single usable
+    file is split at its last ``val_fraction`` of bytes. Files with NUL bytes (binaries) are
+    skipped; at most ``max_bytes`` are read, in sorted path order.
     """
     root = Path(path).expanduser() if path else stdlib_root()
     if not root.exists():
         raise ConfigError(f"data path {str(root)!r} does not exist.")
-    files = _text_files(root)
-    train_parts: list[bytes] = []
-    val_parts: list[bytes] = []
+    usable: list[tuple[Path, bytes]] = []
     total = 0
-    for f in files:
+    for f in _text_files(root):
         if total >= max_bytes:
             break
         try:
             blob = f.read_bytes()
         except OSError:
             continue
-        if not blob or b"\x00" in blob:
-            continue
-        blob = blob[: max_bytes - total]
-        total += len(blob)
-        if len(files) == 1:
-            cut = int(len(blob) * (1 - val_fraction))
-            train_parts.append(blob[:cut])
-            val_parts.append(blob[cut:])
-            continue
+        if blob and b"\x00" not in blob:
+            blob = blob[: max_bytes - total]
+            usable.append((f, blob))
+            total += len(blob)
+    train_parts: list[bytes] = []
+    val_parts: list[bytes] = []
+    if len(usable) == 1:
+        blob = usable[0][1]
+        cut = int(len(blob) * (1 - val_fraction))
+        train_parts, val_parts = [blob[:cut]], [blob[cut:]]
+    for f, blob in usable if len(usable) > 1 else []:
         rel = f.relative_to(root).as_posix().encode()
         (val_parts if zlib.crc32(rel) % 10_000 < val_fraction * 10_000 else train_parts).append(blob)
     if not val_parts and len(train_parts) > 1:
         val_parts.append(train_parts.pop())
+    if not train_parts and len(val_parts) > 1:
+        train_parts.append(val_parts.pop(0))
     train, val = b"".join(train_parts), b"".join(val_parts)
     if not train or not val:
         raise ConfigError(f"no usable text found in {str(root)!r} (empty or binary files only).")
-    desc = {"source": "python-stdlib" if path is None else str(root), "files": len(files),
+    desc = {"source": "python-stdlib" if path is None else str(root), "files": len(usable),
             "train_bytes": len(train), "val_bytes": len(val)}
     to_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
     return to_tensor(train), to_tensor(val), desc

@@ -1,0 +1,106 @@
+"""Activation checkpointing is a pure memory/compute trade: same names, same numbers."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tensorpilot.training.engine import apply_activation_checkpointing, repeated_blocks
+from tensorpilot.workloads.gpt import GPT, GPTConfig
+from tensorpilot.workloads.vision import CNN, MLPNet
+
+
+def lm_loss(logits, targets):
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+
+
+def loss_and_grads(model: nn.Module, x, y, loss_fn, seed: int = 0):
+    torch.manual_seed(seed)                       # same dropout masks for both runs
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_gpt_with_checkpointing_matches_plain_pytorch():
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(vocab_size=64, seq_len=16, n_layer=3, n_head=2, d_model=32, dropout=0.1))
+    ac = copy.deepcopy(plain)
+    keys = list(plain.state_dict().keys())
+    assert apply_activation_checkpointing(ac) == (3, 0)
+    assert list(ac.state_dict().keys()) == keys
+    assert [n for n, _ in ac.named_parameters()] == [n for n, _ in plain.named_parameters()]
+
+    x = torch.randint(0, 64, (2, 16))
+    y = torch.randint(0, 64, (2, 16))
+    loss_p, grads_p = loss_and_grads(plain.train(), x, y, lm_loss)
+    loss_a, grads_a = loss_and_grads(ac.train(), x, y, lm_loss)
+    torch.testing.assert_close(loss_a, loss_p, rtol=1e-6, atol=1e-6)
+    assert grads_a.keys() == grads_p.keys()
+    for n in grads_p:
+        torch.testing.assert_close(grads_a[n], grads_p[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_checkpointing_really_recomputes():
+    # the parity test alone would pass if nothing were wrapped: count block forwards
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, seq_len=8, n_layer=2, n_head=2, d_model=16))
+    apply_activation_checkpointing(model)
+    calls = []
+    model.blocks[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+    x = torch.randint(0, 64, (2, 8))
+    loss = lm_loss(model(x), x)
+    assert len(calls) == 1
+    loss.backward()
+    assert len(calls) == 2                        # recomputed once during backward
+
+
+def test_checkpointed_state_dict_loads_into_plain_model():
+    torch.manual_seed(0)
+    ac = MLPNet(12, [16, 16], 3)
+    assert apply_activation_checkpointing(ac) == (2, 0)
+    plain = MLPNet(12, [16, 16], 3)
+    plain.load_state_dict(ac.state_dict())        # strict: identical names and shapes
+    x = torch.randn(4, 12)
+    torch.testing.assert_close(plain(x), ac(x))
+
+
+def test_repeated_blocks():
+    cnn = CNN(3, [4, 8, 16], 5)
+    assert repeated_blocks(cnn) == list(cnn.blocks)                      # 2 stages
+    assert repeated_blocks(nn.Sequential(nn.Linear(2, 2))) == []
+
+
+def _cnn_pair():
+    torch.manual_seed(0)
+    plain = CNN(3, [4, 8], 5)
+    ac = copy.deepcopy(plain)
+    # the one stage holds BatchNorm: it is left unwrapped (recompute would update its stats twice)
+    assert apply_activation_checkpointing(ac) == (0, 1)
+    return plain.train(), ac.train()
+
+
+def test_cnn_with_checkpointing_matches_plain_pytorch():
+    plain, ac = _cnn_pair()
+    x, y = torch.randn(2, 3, 8, 8), torch.tensor([1, 2])
+    loss_p, grads_p = loss_and_grads(plain, x, y, F.cross_entropy)
+    loss_a, grads_a = loss_and_grads(ac, x, y, F.cross_entropy)
+    torch.testing.assert_close(loss_a, loss_p, rtol=1e-6, atol=1e-6)
+    for n in grads_p:
+        torch.testing.assert_close(grads_a[n], grads_p[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_cnn_checkpointing_updates_batchnorm_statistics_once():
+    # BatchNorm in training mode updates running_mean/var and num_batches_tracked in forward;
+    # the recomputation in backward must not update them a second time (plain PyTorch: once)
+    plain, ac = _cnn_pair()
+    x, y = torch.randn(2, 3, 8, 8), torch.tensor([1, 2])
+    loss_and_grads(plain, x, y, F.cross_entropy)
+    loss_and_grads(ac, x, y, F.cross_entropy)
+    bn = ac.blocks[0].down[1]
+    assert int(bn.num_batches_tracked) == 1, "BatchNorm saw the batch twice"
+    for (n, a), b in zip(ac.named_buffers(), plain.buffers()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
