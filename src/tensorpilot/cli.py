@@ -115,6 +115,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hw(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+
+    from tensorpilot.hardware import report
+
+    console = Console(highlight=False)
+    if args.gpu:
+        entry = report.catalog_entry(args.gpu)
+        print(json.dumps(entry, indent=1, default=list)) if args.json else report.print_entry(console, entry)
+        return 0
+    from tensorpilot.hardware import probe as pr
+
+    devices = report.local_devices()
+    result = None if args.refresh else pr.load_cached(devices)
+    if args.probe and (result is None or not result.complete(devices)):
+        log = (lambda *_: None) if args.json else (lambda m: console.print(m, highlight=False))
+        log("measuring (matmul per dtype and size, memory copy, all-reduce) ...")
+        sizes = {"sizes": [256, 512], "copy_bytes": 16 << 20, "allreduce_bytes": 4 << 20} if args.quick else {}
+        result = pr.run_probe(devices, allreduce_nproc=args.allreduce_procs, log=log, **sizes)
+    described = [report.describe(d, result) for d in devices]
+    if args.json:
+        print(json.dumps({"devices": described, "allreduce": result.allreduce if result else None,
+                          "measured_at": result.measured_at if result else None}, indent=1))
+    else:
+        report.print_devices(console, described, result)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tensorpilot",
@@ -141,7 +171,23 @@ def build_parser() -> argparse.ArgumentParser:
     ge.add_argument("--seed", type=int, default=0, metavar="N", help="Sampling seed (default: 0).")
     ge.add_argument("--device", default="auto", help="Device (default: auto).")
     ge.set_defaults(func=cmd_generate)
-    parser._subcommands = {"train": tr, "generate": ge}
+    hw = sub.add_parser("hw", help="Show this machine's accelerators, their peaks and measured ceilings.",
+                        description="Detect the devices here and show, per dtype, the datasheet peak "
+                        "(CPUs: an estimate), the measured matmul ceiling, %% of peak and the roofline "
+                        "ridge point; or show a catalogued accelerator with --gpu.")
+    hw.add_argument("--probe", action="store_true",
+                    help="Measure the ceilings (matmul per dtype and size, memory bandwidth, host<->device, "
+                         "all-reduce); results are cached per machine.")
+    hw.add_argument("--refresh", action="store_true", help="Ignore the cache and measure again (with --probe).")
+    hw.add_argument("--allreduce-procs", type=int, default=2, metavar="N",
+                    help="Processes for the all-reduce measurement; 0 or 1 skips it (default: 2).")
+    hw.add_argument("--quick", action="store_true",
+                    help="With --probe: small sizes only, seconds instead of a minute (a smoke test; "
+                         "small matmuls understate the ceiling).")
+    hw.add_argument("--gpu", metavar="NAME", help="Show a catalog entry, e.g. h100-sxm, 'A100 80GB PCIe'.")
+    hw.add_argument("--json", action="store_true", help="Print machine-readable JSON.")
+    hw.set_defaults(func=cmd_hw)
+    parser._subcommands = {"train": tr, "generate": ge, "hw": hw}
     return parser
 
 

@@ -129,3 +129,90 @@ def detect(device: str) -> DeviceCaps:
             pass
         return DeviceCaps(kind="cpu", name=cpu_name(), cpu_flags=cpu_flags(), memory_bytes=mem)
     return DeviceCaps(kind=kind, name=kind, index=index)
+
+
+# ------------------------------------------------------------------------- CPU facts
+
+def _cpuinfo_field(name: str) -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.split(":")[0].strip() == name:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def cpu_cores() -> int:
+    """CPUs this process may run on (affinity), which is what its threads can use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def cpu_clock_hz() -> tuple[float | None, str]:
+    """(Hz, where from): cpufreq's maximum if exposed, else /proc/cpuinfo's current 'cpu MHz'
+    (virtual machines often expose only the nominal clock; boost may run higher)."""
+    try:
+        khz = int(open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read())
+        return khz * 1e3, "cpufreq cpuinfo_max_freq"
+    except (OSError, ValueError):
+        pass
+    mhz = _cpuinfo_field("cpu MHz")
+    if mhz:
+        return float(mhz) * 1e6, "/proc/cpuinfo cpu MHz (nominal; boost may be higher)"
+    return None, "unknown"
+
+
+def numa_nodes() -> int:
+    try:
+        return len([p for p in os.listdir("/sys/devices/system/node") if p.startswith("node") and p[4:].isdigit()])
+    except OSError:
+        return 1
+
+
+def fma_units_per_core(flags: frozenset[str]) -> int:
+    """FMA pipes at the widest vector width: AMD family 25 (Zen 3/4) executes 512-bit ops on two
+    256-bit pipes (= one 512-bit FMA per cycle); Zen 5 (family 26) and Intel Xeon Scalable Gold/
+    Platinum have two 512-bit FMA units (assumed for other Intel parts too)."""
+    vendor, family = _cpuinfo_field("vendor_id"), _cpuinfo_field("cpu family")
+    if vendor == "AuthenticAMD" and family == "25" and "avx512f" in flags:
+        return 1
+    return 2
+
+
+def cpu_estimate(dtype: str):
+    """Estimated peak of this CPU for ``dtype`` (a CpuPeakEstimate, labelled 'estimate:')."""
+    from tensorpilot.hardware.catalog import CpuPeakEstimate, cpu_peak_flops
+
+    clock, _ = cpu_clock_hz()
+    flags = cpu_flags()
+    if clock is None:
+        return CpuPeakEstimate(None, None, "estimate: unknown (no CPU clock exposed)")
+    return cpu_peak_flops(cpu_cores(), clock, flags, dtype, fma_units=fma_units_per_core(flags))
+
+
+NOTABLE_CPU_FLAGS = ("sse2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                     "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "asimd", "sve")
+
+
+def gpu_topology(index: int) -> dict:
+    """NVLink links and their state through NVML (nvidia-ml-py, optional); {} without it."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        active = 0
+        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                active += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
+            except pynvml.NVMLError:
+                break
+        return {"nvlink_active_links": active, "driver": str(pynvml.nvmlSystemGetDriverVersion())}
+    except Exception:  # noqa: BLE001 - NVML missing or unsupported: topology unknown
+        return {}

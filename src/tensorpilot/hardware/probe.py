@@ -194,6 +194,10 @@ class ProbeResult:
     devices: list[DeviceProbe] = field(default_factory=list)
     allreduce: dict[str, Any] = field(default_factory=dict)   # {"backend", "nproc", "bytes", "bus_bytes_per_s"}
 
+    def complete(self, devices: list[str]) -> bool:
+        """Whether a full probe (not only the trainer's quick matmul) covers ``devices``."""
+        return all((d := self.device(x)) is not None and d.copy_bytes_per_s for x in devices)
+
     def device(self, device: str) -> DeviceProbe | None:
         return next((d for d in self.devices if d.device == device), None)
 

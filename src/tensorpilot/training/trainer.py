@@ -31,7 +31,7 @@ from tensorpilot.hardware.device import detect, resolve_device
 from tensorpilot.observe import memory as mem
 from tensorpilot.observe.flops import train_step_flops
 from tensorpilot.observe.logger import MetricsLogger
-from tensorpilot.observe.peak import mfu, peak_flops
+from tensorpilot.hardware.peak import device_peak, mfu
 from tensorpilot.observe.progress import TrainProgress
 from tensorpilot.training import checkpoint as ckpt_io
 from tensorpilot.training import engine, loader, optim, precision
@@ -396,7 +396,8 @@ class Trainer:
         steps_per_s = timed_steps / timed_s if timed_steps else None
         samples_per_s = steps_per_s * samples_per_step if steps_per_s else None
         achieved = self.flops_per_step * steps_per_s if steps_per_s else None
-        peak = peak_flops(str(self.device), self.choice.matmul_dtype)
+        peak = device_peak(str(self.device), self.choice.matmul_dtype)
+        basis_flops, basis_source = peak.mfu_basis
         peak_bytes, peak_method = mem.peak_memory(str(self.device))
         out = {
             "tensorpilot": __version__, "run_dir": str(self.run_dir),
@@ -412,8 +413,11 @@ class Trainer:
             "throughput_note": "steady state: excludes the first step of this invocation "
                                "(warm-up, compilation), evaluation and checkpoint time",
             "model_flops_per_step": self.flops_per_step, "achieved_flops_per_s": achieved,
-            "mfu": mfu(achieved, peak) if achieved else None,
-            "mfu_peak_flops_per_s": peak.flops_per_s, "mfu_peak_source": peak.source,
+            "mfu": mfu(achieved, basis_flops), "mfu_peak_flops_per_s": basis_flops,
+            "mfu_peak_source": basis_source,
+            "mfu_vs_measured": mfu(achieved, peak.measured_flops_per_s),
+            "measured_peak_flops_per_s": peak.measured_flops_per_s,
+            "datasheet_peak_flops_per_s": peak.datasheet_flops_per_s,
             "peak_memory_bytes": peak_bytes, "peak_memory_method": peak_method,
             "initial_val_loss": initial_val, "final_train_loss": last_loss, "final_val_loss": last_val,
             "wall_s": time.perf_counter() - t_fit + self.setup_s, "setup_s": self.setup_s,
@@ -439,9 +443,12 @@ class Trainer:
         t.add_row("steps", f"{s['steps']} ({s['skipped_steps']} skipped)")
         t.add_row("throughput", f"{fmt(s['samples_per_s'], ',.1f')} samples/s"
                   + (f", {fmt(s['tokens_per_s'], ',.0f')} tokens/s" if s.get("tokens_per_s") else ""))
-        t.add_row("model FLOP/s", f"{fmt((s['achieved_flops_per_s'] or 0) / 1e9, ',.1f')} GFLOP/s; MFU "
-                  + (f"{s['mfu']:.1%} of {s['mfu_peak_source']} "
-                     f"({s['mfu_peak_flops_per_s'] / 1e9:,.0f} GFLOP/s)" if s["mfu"] is not None else "n/a"))
+        mfu_text = "MFU n/a"
+        if s["mfu"] is not None:
+            mfu_text = f"MFU {s['mfu']:.1%} of {s['mfu_peak_source']} ({s['mfu_peak_flops_per_s'] / 1e9:,.0f} GFLOP/s)"
+            if s["datasheet_peak_flops_per_s"] and s["mfu_vs_measured"] is not None:
+                mfu_text += f"; {s['mfu_vs_measured']:.1%} of the measured ceiling"
+        t.add_row("model FLOP/s", escape(f"{fmt((s['achieved_flops_per_s'] or 0) / 1e9, ',.1f')} GFLOP/s; {mfu_text}"))
         t.add_row("peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_method']})"
                   if s["peak_memory_bytes"] else "n/a")
         val = f"{fmt(s['initial_val_loss'], '.3f')} -> {fmt(s['final_val_loss'], '.3f')}"

@@ -1,0 +1,85 @@
+"""Probe measurements, the fingerprinted cache and the peak function the trainer's MFU uses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tensorpilot.hardware import peak as peak_mod
+from tensorpilot.hardware import probe
+from tensorpilot.hardware.device import DeviceCaps, cpu_flags
+
+FAST_BF16 = bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def test_matmul_flops_is_plausible_and_bf16_beats_fp32_on_bf16_cpus():
+    fp32 = probe.matmul_flops("cpu", "fp32", 512, repeats=3, min_time_s=0.02)
+    bf16 = probe.matmul_flops("cpu", "bf16", 512, repeats=3, min_time_s=0.02)
+    # any CPU of the last decade does 1 GFLOP/s per core on a 512 matmul; none does 100 TFLOP/s
+    assert 1e9 < fp32 < 1e14 and 1e9 < bf16 < 1e14
+    if not FAST_BF16:
+        pytest.skip("no AVX512-BF16/AMX: bf16 is not expected to beat fp32 here")
+    assert bf16 > 1.5 * fp32       # measured ~4-5x on the AVX512-BF16 dev machine
+
+
+def test_copy_bandwidth_counts_read_plus_write():
+    bw = probe.copy_bandwidth("cpu", 32 << 20, repeats=3)
+    assert 1e8 < bw < 1e12          # between 0.1 GB/s and 1 TB/s on any machine
+
+
+def test_allreduce_over_two_gloo_processes():
+    bw = probe.allreduce_bus_bandwidth(2, 1 << 20, "cpu")
+    assert 1e6 < bw < 1e12
+
+
+def test_cache_is_keyed_by_fingerprint_and_invalidated_when_it_changes(monkeypatch, tmp_path):
+    monkeypatch.setenv("TENSORPILOT_CACHE", str(tmp_path))
+    monkeypatch.setattr(probe, "fingerprint", lambda devices: "machine-a")
+    calls = []
+    real = probe.matmul_flops
+    monkeypatch.setattr(probe, "matmul_flops", lambda *a, **k: calls.append(a) or real("cpu", "fp32", 128, 2, 0.01))
+    first, _ = probe.quick_ceiling("cpu", "fp32")
+    again, how = probe.quick_ceiling("cpu", "fp32")
+    assert len(calls) == 1 and again == first and "cached" in how        # served from the cache
+    assert (tmp_path / "probe-machine-a.json").exists()
+    monkeypatch.setattr(probe, "fingerprint", lambda devices: "machine-b")  # new driver/torch/...
+    probe.quick_ceiling("cpu", "fp32")
+    assert len(calls) == 2                                                # measured again
+    assert probe.load_cached(["cpu"]).fingerprint == "machine-b"
+
+
+def test_fingerprint_changes_with_the_torch_version(monkeypatch):
+    a = probe.fingerprint(["cpu"])
+    monkeypatch.setattr(torch, "__version__", "0.0.0-other")
+    assert probe.fingerprint(["cpu"]) != a
+
+
+def test_quick_ceiling_does_not_count_as_a_full_probe(monkeypatch, tmp_path):
+    monkeypatch.setenv("TENSORPILOT_CACHE", str(tmp_path))
+    monkeypatch.setattr(probe, "matmul_flops", lambda *a, **k: 1e11)
+    probe.quick_ceiling("cpu", "bf16")
+    assert not probe.load_cached(["cpu"]).complete(["cpu"])
+
+
+def test_mfu_uses_the_datasheet_for_catalogued_gpus_and_the_measured_ceiling_otherwise(monkeypatch):
+    from tensorpilot.hardware import device
+
+    h100 = DeviceCaps(kind="cuda", name="NVIDIA H100 80GB HBM3", index=0, cuda_capability=(9, 0))
+    unknown = DeviceCaps(kind="cuda", name="NVIDIA Future GPU", index=0, cuda_capability=(12, 0))
+    monkeypatch.setattr(probe, "quick_ceiling", lambda d, dt: (780e12, "measured (test)"))
+    monkeypatch.setattr(device, "detect", lambda d: h100)
+    p = peak_mod.device_peak("cuda:0", "bf16")
+    assert p.datasheet_flops_per_s == pytest.approx(989.4e12)           # dense, not 1979
+    assert p.mfu_basis[0] == pytest.approx(989.4e12) and "datasheet" in p.mfu_basis[1]
+    assert peak_mod.mfu(395.76e12, p.mfu_basis[0]) == pytest.approx(0.40)   # 395.76 / 989.4
+    monkeypatch.setattr(device, "detect", lambda d: unknown)
+    p = peak_mod.device_peak("cuda:0", "bf16")
+    assert p.datasheet_flops_per_s is None and p.mfu_basis[0] == 780e12   # no invented number
+    assert "no datasheet peak" in p.mfu_basis[1]
+
+
+def test_cpu_mfu_is_against_the_measured_ceiling_never_the_estimate(monkeypatch):
+    monkeypatch.setattr(probe, "quick_ceiling", lambda d, dt: (5e11, "measured (test)"))
+    p = peak_mod.device_peak("cpu", "bf16")
+    assert p.datasheet_flops_per_s is None and p.mfu_basis[0] == 5e11
+    assert p.cpu_estimate_source is None or p.cpu_estimate_source.startswith("estimate:")
