@@ -1,0 +1,103 @@
+"""The planner's calibration constants: few, global, each with its physical reason and source.
+
+Nothing here is per model or per published run. Changing a value changes every prediction; the
+validation table in docs/planner.md (``tensorpilot plan validate``) shows the effect.
+"""
+
+from __future__ import annotations
+
+# ------------------------------------------------------------------------------ compute ceilings
+
+# Maximum achievable matmul FLOP/s as a fraction of the dense datasheet peak, measured with large
+# bf16 GEMMs (stas00/ml-engineering "MAMF" table; see shared reference measured_ceilings.md):
+#   H100 SXM 794.5 / 989.4 = 0.80, A100 SXM 271.2 / 312 = 0.87, A100 PCIe 252.9 / 312 = 0.81,
+#   MI300X 668-782 / 1307 = 0.51-0.60 (0.55 taken).
+# H200 has the H100's SXM5 compute die and clocks: its H100 fraction is ASSUMED.
+MAMF_FRACTION: dict[str, float] = {
+    "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
+    "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55,
+}
+# Devices without a measurement: an ASSUMED fraction between the measured NVIDIA parts.
+DEFAULT_MAMF_FRACTION = 0.80
+
+# A training step runs the tensor cores for minutes at full load, a GEMM benchmark for a burst:
+# under the power cap clocks settle 5-15% below boost on A100/H100 (public nvidia-smi traces of
+# training jobs), and kernels leave small gaps between them. One global factor on every compute
+# rate: 0.90. FITTED within that physical range on the reference runs (0.85-0.90 all pass).
+SUSTAINED_COMPUTE_FRACTION = 0.90
+
+# Half-saturation size of a GEMM's smallest dimension: efficiency = e / (e + N_HALF). Tiles are
+# 128 x 128 (x 32-64 deep); a dimension comparable to one tile leaves tensor cores idle on padding
+# and wave tails, a dimension of thousands does not (8192 -> 0.99, 1024 -> 0.94, 128 -> 0.67).
+GEMM_HALF_SATURATION_DIM = 64
+
+# Fused attention (FlashAttention-2 class, causal, head_dim 128), forward + backward, as a fraction
+# of the dense datasheet peak: A100 50-73% (Dao 2023, FlashAttention-2, section 4.1) -> 0.60;
+# H100 ~35% (Shah et al. 2024, FlashAttention-3, section 1: "FlashAttention-2 achieving only 35%
+# utilization on H100"); H200 ASSUMED as H100. Other devices: ASSUMED 0.5.
+FLASH_ATTENTION_PEAK_FRACTION: dict[str, float] = {
+    "a100-sxm4-80gb": 0.60, "a100-sxm4-40gb": 0.60, "a100-pcie-80gb": 0.60, "a100-pcie-40gb": 0.60,
+    "h100-sxm": 0.35, "h100-pcie": 0.35, "h100-nvl": 0.35, "h200-sxm": 0.35,
+}
+DEFAULT_FLASH_ATTENTION_PEAK_FRACTION = 0.50
+# FlashAttention-2's backward runs 5 matmuls to the forward's 2 (it recomputes the scores).
+FLASH_BACKWARD_RATIO = 2.5
+
+# Shortest time any kernel takes (launch, ramp and tail): ~5 us for eager PyTorch on CUDA.
+KERNEL_FLOOR_S = 5e-6
+
+# ------------------------------------------------------------------------------ memory traffic
+
+# Achievable fraction of datasheet HBM bandwidth for streaming kernels: measured copies reach
+# 85-92% on H100/H200 (measured_ceilings.md); 0.88.
+MEMORY_BW_FRACTION = 0.88
+
+# Elementwise (norm, residual, activation, dropout, softmax) traffic of an unfused eager/Megatron
+# step vs the minimum the op list implies (timing.elementwise_bytes counts each tensor read and
+# written once per op): backward reads saved inputs and incoming grads and writes grads, ~2x the
+# forward; norms' backward also reduces over the batch. FITTED, single global value: 1.5.
+ELEMENTWISE_TRAFFIC_FACTOR = 1.5
+
+# ------------------------------------------------------------------------------ communication
+
+# NCCL bus bandwidth as a fraction of the link's one-direction peak: DGX A100 all-reduce busbw
+# ~230 of 300 GB/s, DGX H100 ~360-380 of 450 (nccl-tests reports) -> 0.8.
+LINK_BW_FRACTION = 0.80
+# InfiniBand/RoCE NICs sustain ~90% of line rate in nccl-tests across nodes.
+INTERNODE_BW_FRACTION = 0.90
+# Per-step latency (alpha) of one ring step: NVLink ~ a few us, network ~ 10 us.
+ALPHA_INTRA_S = 5e-6
+ALPHA_INTER_S = 10e-6
+# Devices per node when the catalog does not say (DGX/HGX boards, OAM platforms: 8).
+GPUS_PER_NODE = 8
+
+# ------------------------------------------------------------------------------ memory overheads
+
+# CUDA context + loaded kernels + library workspaces on the device, outside PyTorch's allocator:
+# Hugging Face measured 1343 MB (MiB) after creating one tensor (transformers docs,
+# perf_train_gpu_one). Newer CUDA with lazy loading needs less; this stays on the safe side.
+CONTEXT_BYTES = 1343 * 2**20
+# PyTorch's caching allocator reserves more than it hands out (block rounding, fragmentation
+# across differently sized activations): ~5-10% on training runs; 5% added to allocated bytes.
+ALLOCATOR_OVERHEAD_FRACTION = 0.05
+# The fits verdict keeps this fraction of device memory free, for what no model predicts
+# (NCCL buffers growing with communicators, allocator spikes, other processes).
+SAFETY_MARGIN_FRACTION = 0.10
+
+# ------------------------------------------------------------------------------ power
+
+# Board power = TDP x (IDLE + (1 - IDLE) x busy), busy = HFU / MAMF fraction (tensor cores
+# saturated). ~30% of TDP is drawn at idle-in-job (clocks up, HBM refresh, fans) on A100/H100
+# nodes (public nvidia-smi logs of training jobs show 0.8-0.95 TDP while busy). ASSUMPTION.
+IDLE_POWER_FRACTION = 0.30
+# Default grid carbon intensity, g CO2 per kWh: world average ~ 480 (IEA 2023); 400 ASSUMED as a
+# round mid value. Users should pass --grid-intensity for their region.
+DEFAULT_GRID_G_PER_KWH = 400.0
+
+
+def mamf_fraction(catalog_key: str | None) -> float:
+    return MAMF_FRACTION.get(catalog_key or "", DEFAULT_MAMF_FRACTION)
+
+
+def flash_attention_fraction(catalog_key: str | None) -> float:
+    return FLASH_ATTENTION_PEAK_FRACTION.get(catalog_key or "", DEFAULT_FLASH_ATTENTION_PEAK_FRACTION)

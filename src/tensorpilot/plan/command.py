@@ -1,0 +1,329 @@
+"""``tensorpilot plan``: argparse wiring and printing. The math lives in predict/search/validate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from tensorpilot.errors import ConfigError, UsageError
+
+DEFAULT_GPU = "h100-sxm"
+
+
+def register(sub) -> dict[str, argparse.ArgumentParser]:
+    p = sub.add_parser(
+        "plan", help="Predict memory, step time, cost and energy of a training run; search layouts.",
+        description="Before anything runs: per-device memory (weights, grads, optimizer, activations, "
+        "buffers), step time, tokens/s, MFU, time, cost and energy to train a transformer on a "
+        "catalogued accelerator and parallel layout. `tensorpilot plan validate FILE.csv` compares "
+        "predictions with published runs. Formulas and calibration: docs/planner.md.")
+    p.add_argument("action", nargs="?", choices=["validate"],
+                   help="'validate FILE.csv': predict every row of a published-runs CSV and report errors.")
+    p.add_argument("file", nargs="?", metavar="FILE.csv", help="The CSV for 'validate'.")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", default="llama3-8b", metavar="NAME",
+                   help="Preset (see --list-models; tp-gpt-<size> is the built-in gpt) or a config.json "
+                        "path (default: llama3-8b).")
+    m.add_argument("--hf-config", metavar="config.json", help="Read the model from a Hugging Face config.json "
+                   "(Llama, GPT-2, BERT, MPT fields; transformers not needed). Overrides --model.")
+    m.add_argument("--list-models", action="store_true", help="List the presets and exit.")
+    h = p.add_argument_group("hardware and layout")
+    h.add_argument("--gpu", default=None, metavar="NAME",
+                   help=f"Catalogued accelerator, e.g. h100-sxm, 'A100 80GB' (default: {DEFAULT_GPU}).")
+    h.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="Number of devices (default: tp x pp x dp, or 8).")
+    h.add_argument("--tp", type=int, default=1, metavar="N", help="Tensor-parallel ranks (default: 1).")
+    h.add_argument("--pp", type=int, default=1, metavar="N", help="Pipeline stages (default: 1).")
+    h.add_argument("--dp", type=int, default=None, metavar="N",
+                   help="Data-parallel replicas (default: gpus / (tp x pp)).")
+    h.add_argument("--sharding", default="none", choices=["none", "zero1", "zero2", "zero3", "fsdp"],
+                   help="Data-parallel sharding: none (DDP), ZeRO stage 1/2, zero3 = fsdp (default: none).")
+    h.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron sequence parallelism with tp > 1 (splits norm/dropout activations).")
+    h.add_argument("--micro-batch", type=int, default=1, metavar="N",
+                   help="Sequences per micro-batch per replica (default: 1).")
+    h.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved"],
+                   help="Pipeline schedule (default: 1f1b).")
+    h.add_argument("--virtual-stages", type=int, default=1, metavar="V",
+                   help="Model chunks per stage for --schedule interleaved (default: 1).")
+    h.add_argument("--recompute", default="none", choices=["none", "selective", "full"],
+                   help="Activation recomputation (default: none).")
+    t = p.add_argument_group("training setup")
+    t.add_argument("--seq-len", type=int, default=None, metavar="N",
+                   help="Tokens per sequence (default: the model's context, at most 8192).")
+    t.add_argument("--global-batch", type=int, default=None, metavar="N",
+                   help="Sequences per optimizer step (default: ~1M tokens, at least one per replica).")
+    t.add_argument("--precision", default="bf16",
+                   choices=["fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8"],
+                   help="bf16/fp16: half weights + fp32 master (16 B/param with Adam); *-amp: torch.autocast "
+                        "with fp32 weights; bf16-pure: all bf16 (default: bf16).")
+    t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"], help="(default: adam)")
+    t.add_argument("--attention", default="flash", choices=["flash", "materialized"],
+                   help="Fused (flash/SDPA) attention or materialised s x s scores (default: flash).")
+    c = p.add_argument_group("time, cost and energy")
+    c.add_argument("--tokens", type=float, default=None, metavar="N",
+                   help="Tokens to train (e.g. 1e12) for time, GPU-hours, cost and energy.")
+    c.add_argument("--price-per-hour", type=float, default=None, metavar="USD",
+                   help="Price of one device-hour (default: the catalog's dated list price, if any).")
+    c.add_argument("--grid-intensity", type=float, default=None, metavar="G_PER_KWH",
+                   help="Grid carbon intensity in g CO2/kWh for the CO2 estimate (default: 400).")
+    s = p.add_argument_group("search")
+    s.add_argument("--search", action="store_true",
+                   help="Enumerate tp/pp/dp/micro-batch/recompute/sharding for --gpus devices, drop invalid "
+                        "or non-fitting layouts, print the best.")
+    s.add_argument("--objective", default="throughput", choices=["throughput", "cost"],
+                   help="Ranking for --search (default: throughput).")
+    s.add_argument("--top", type=int, default=5, metavar="N", help="Layouts to show with --search (default: 5).")
+    s.add_argument("--deadline", metavar="DURATION",
+                   help="With --tokens: cheapest catalogued device type and count that trains in time "
+                        "(e.g. 14d, 36h); --gpu restricts it to one type.")
+    i = p.add_argument_group("inference sizing")
+    i.add_argument("--inference", action="store_true",
+                   help="Size inference instead: weights + KV cache for --batch x --context.")
+    i.add_argument("--batch", type=int, default=1, metavar="N", help="Concurrent sequences (default: 1).")
+    i.add_argument("--context", type=int, default=None, metavar="N",
+                   help="Tokens per sequence held in the KV cache (default: the model's context).")
+    i.add_argument("--kv-dtype", default=None, choices=["fp32", "bf16", "fp16", "fp8", "int8"],
+                   help="KV-cache dtype (default: the weights' dtype).")
+    p.add_argument("--json", action="store_true", help="Print machine-readable JSON.")
+    p.set_defaults(func=cmd_plan)
+    return {"plan": p}
+
+
+# ---------------------------------------------------------------------------------------- command
+
+def _model(args):
+    from tensorpilot.plan.models import get_model, model_spec_from_hf_config
+
+    return model_spec_from_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
+
+
+def _positive(args, *names):
+    for n in names:
+        v = getattr(args, n)
+        if v is not None and v < 1:
+            raise UsageError(f"--{n.replace('_', '-')} must be a positive integer, got {v}.")
+
+
+def _setup(args, spec, replicas: int):
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.predict import TrainSetup
+
+    seq = args.seq_len or min(spec.max_seq_len, 8192)
+    batch = args.global_batch
+    if batch is None:                 # ~1M tokens, a power of two, at least one sequence per replica
+        batch = max(replicas * args.micro_batch, 1 << max(0, round(math.log2(2**20 / seq))))
+    return TrainSetup(seq_len=seq, global_batch=batch, precision=args.precision, optimizer=args.optimizer,
+                      attention=args.attention, tokens=args.tokens, price_per_hour=args.price_per_hour,
+                      grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
+                      else cal.DEFAULT_GRID_G_PER_KWH)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tensorpilot.hardware import catalog
+
+    if args.action == "validate":
+        return _cmd_validate(args)
+    if args.file:
+        raise UsageError(f"unexpected argument {args.file!r}; did you mean `tensorpilot plan validate FILE.csv`?")
+    if args.list_models:
+        from tensorpilot.plan.models import preset_names
+
+        print("\n".join(preset_names()))
+        return 0
+    _positive(args, "gpus", "tp", "pp", "dp", "micro_batch", "virtual_stages", "seq_len", "global_batch",
+              "top", "batch", "context")
+    if args.tokens is not None and not args.tokens > 0:
+        raise UsageError("--tokens must be positive.")
+    spec = _model(args)
+    if args.inference:
+        return _cmd_inference(args, spec, catalog.get(args.gpu or DEFAULT_GPU))
+    if args.deadline:
+        return _cmd_deadline(args, spec)
+    acc = catalog.get(args.gpu or DEFAULT_GPU)
+    gpus = args.gpus or (args.tp * args.pp * (args.dp or 1) if (args.dp or args.tp > 1 or args.pp > 1) else 8)
+    if args.search:
+        return _cmd_search(args, spec, acc, gpus)
+    from tensorpilot.plan.predict import Layout, check_layout, predict
+
+    if gpus % (args.tp * args.pp):
+        raise ConfigError(f"tp x pp = {args.tp * args.pp} does not divide --gpus {gpus}.")
+    dp = args.dp or gpus // (args.tp * args.pp)
+    layout = Layout(tp=args.tp, pp=args.pp, dp=dp, sharding=args.sharding, sequence_parallel=args.sequence_parallel,
+                    micro_batch=args.micro_batch, schedule=args.schedule, virtual_stages=args.virtual_stages,
+                    recompute=args.recompute)
+    setup = _setup(args, spec, dp)
+    check_layout(spec, layout, setup, n_devices=gpus)
+    plan = predict(spec, acc, layout, setup)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=1))
+    else:
+        _print_plan(plan, spec, setup)
+    return 0
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:,.2f} GiB"
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "n/a"
+    if s >= 86400:
+        return f"{s / 86400:,.1f} days"
+    if s >= 3600:
+        return f"{s / 3600:,.1f} h"
+    return f"{s:,.1f} s"
+
+
+def _print_plan(plan, spec, setup) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tensorpilot.plan import calibration as cal
+
+    con = Console(highlight=False)
+    lo = plan.layout_detail
+    con.print(f"[bold]{spec.name}[/] ({spec.n_params / 1e9:,.2f}B params) on {plan.n_devices} x {plan.hardware}, "
+              f"layout [bold]{plan.layout}[/] ({lo.describe()}), seq {setup.seq_len}, global batch "
+              f"{setup.global_batch}, {setup.precision}, {setup.attention} attention")
+    mt = Table(title="memory per device (busiest)", show_header=False)
+    for k, v in plan.memory_bytes.items():
+        if k != "total":
+            mt.add_row(k, _gib(v))
+    verdict = "[green]fits[/]" if plan.fits else "[red]does NOT fit[/]"
+    mt.add_row("[bold]total[/]", f"[bold]{_gib(plan.memory_bytes['total'])}[/] of {_gib(plan.device_memory_bytes)}: "
+               f"{verdict} (limit {_gib(plan.memory_limit_bytes)}, {cal.SAFETY_MARGIN_FRACTION:.0%} kept free)")
+    con.print(mt)
+    tt = Table(title="step", show_header=False)
+    tt.add_row("step time", f"{plan.step_time_s:,.3f} s")
+    for k, v in plan.time_breakdown_s.items():
+        if v > 1e-6:
+            tt.add_row(f"  {k}", f"{v:,.3f} s")
+    tt.add_row("tokens/s", f"{plan.tokens_per_s:,.0f} total, {plan.tokens_per_s_per_device:,.0f} per device")
+    tt.add_row("MFU / HFU", f"{plan.mfu:.1%} / {plan.hfu:.1%} of the datasheet {plan.peak_flops_per_s / 1e12:,.0f} "
+               "TFLOP/s" if plan.mfu is not None else "n/a")
+    if plan.time_to_train_s is not None:
+        tt.add_row("time to train", f"{_duration(plan.time_to_train_s)} ({plan.gpu_hours:,.0f} device-hours)")
+        tt.add_row("cost", f"${plan.cost_usd:,.0f} at ${plan.price_per_gpu_hour:,.2f}/device-hour"
+                   if plan.cost_usd is not None else "n/a (no price: --price-per-hour)")
+        if plan.energy_kwh is not None:
+            tt.add_row("energy", f"{plan.energy_kwh:,.0f} kWh at {plan.power_w_per_device:,.0f} W/device; "
+                       f"{plan.co2_kg / 1000:,.1f} t CO2 at {setup.grid_g_per_kwh:g} g/kWh")
+    else:
+        tt.add_row("time to train", "pass --tokens N for time, cost and energy")
+    con.print(tt)
+    for note in plan.notes:
+        con.print(f"note: {note}")
+
+
+def _cmd_search(args, spec, acc, gpus: int) -> int:
+    import time
+
+    from tensorpilot.plan.search import search
+
+    t0 = time.perf_counter()
+    setup = _setup(args, spec, 1)
+    res = search(spec, acc, gpus, setup, objective=args.objective, top=args.top)
+    elapsed = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({"objective": res.objective, "considered": res.considered, "invalid": res.invalid,
+                          "not_fitting": res.not_fitting, "search_s": elapsed, "why": res.why,
+                          "ranked": [p.to_dict() for p in res.ranked]}, indent=1))
+        return 0 if res.ranked else 1
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False)
+    con.print(f"searched {res.considered} layouts of {spec.name} on {gpus} x {acc.key} in {elapsed:.2f} s "
+              f"(seq {setup.seq_len}, global batch {setup.global_batch}); {res.not_fitting} do not fit, "
+              f"{res.invalid} invalid")
+    if not res.ranked:
+        con.print("[red]no layout fits[/]: add devices, use a larger --global-batch, or a device with more memory.")
+        return 1
+    tab = Table("#", "tp/pp/dp", "sharding", "mb", "recompute", "step s", "tok/s/dev", "MFU", "GiB")
+    for n, p in enumerate(res.ranked, 1):
+        lo = p.layout_detail
+        sched = f" {lo.schedule}" + (f"/{lo.virtual_stages}" if lo.virtual_stages > 1 else "") if lo.pp > 1 else ""
+        tab.add_row(str(n), f"{lo.tp}/{lo.pp}/{lo.dp}", lo.sharding + (" sp" if lo.sequence_parallel else ""),
+                    str(lo.micro_batch), lo.recompute + sched, f"{p.step_time_s:,.3f}",
+                    f"{p.tokens_per_s_per_device:,.0f}", f"{p.mfu:.1%}", f"{p.memory_bytes['total'] / 2**30:,.1f}")
+    con.print(tab)
+    for line in res.why:
+        con.print(line)
+    return 0
+
+
+def _cmd_deadline(args, spec) -> int:
+    from tensorpilot.hardware import catalog
+    from tensorpilot.plan.search import cheapest_for_deadline, parse_duration_s
+
+    if not args.tokens:
+        raise UsageError("--deadline needs --tokens (how many tokens to train).")
+    deadline_s = parse_duration_s(args.deadline)
+    accs = [catalog.get(args.gpu)] if args.gpu else list(catalog.all_accelerators().values())
+    setup = _setup(args, spec, 1)
+    found = cheapest_for_deadline(spec, args.tokens, deadline_s, setup, accelerators=accs)
+    if args.json:
+        print(json.dumps({"deadline_s": deadline_s, "tokens": args.tokens,
+                          "options": [{"cost_usd": c, **p.to_dict()} for p, c in found]}, indent=1))
+        return 0 if found else 1
+    if not found:
+        print(f"no catalogued device with a price trains {args.tokens:.3g} tokens of {spec.name} within "
+              f"{_duration(deadline_s)}; pass --gpu NAME --price-per-hour USD for other devices.")
+        return 1
+    print(f"{spec.name}, {args.tokens:.3g} tokens within {_duration(deadline_s)} "
+          f"(seq {setup.seq_len}, global batch {setup.global_batch}); devices with a price, cheapest first:")
+    for p, c in found:
+        print(f"  {p.hardware:16s} x {p.n_devices:<6d} {p.layout_detail.describe():55s} "
+              f"{_duration(p.time_to_train_s):>12s}  ${c:,.0f}  (${p.price_per_gpu_hour:.2f}/device-hour)")
+    best = found[0][0]
+    print(f"recommendation: {best.n_devices} x {best.hardware} ({best.layout}), ${found[0][1]:,.0f}, "
+          f"{_duration(best.time_to_train_s)}.")
+    return 0
+
+
+def _cmd_inference(args, spec, acc) -> int:
+    from tensorpilot.plan.predict import predict_inference
+
+    dtype = {"bf16-amp": "bf16", "fp16-amp": "fp16", "bf16-pure": "bf16", "tf32": "fp32"}.get(args.precision, args.precision)
+    plan = predict_inference(spec, acc, batch=args.batch, context=args.context or spec.max_seq_len, dtype=dtype,
+                             kv_dtype=args.kv_dtype, tp=args.tp)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=1))
+        return 0
+    verdict = "fits" if plan.fits else "does NOT fit"
+    print(f"{spec.name} inference on {args.tp} x {acc.key}, batch {args.batch} x context "
+          f"{args.context or spec.max_seq_len}, {dtype} weights:")
+    print(f"  weights {_gib(plan.weights_bytes)}, KV cache {_gib(plan.kv_cache_bytes)}, activations "
+          f"{_gib(plan.activation_bytes)}, total {_gib(plan.total_bytes_per_device)} per device: {verdict} "
+          f"(limit {_gib(plan.memory_limit_bytes)})")
+    print(f"  memory-bound decode: ~{plan.decode_tokens_per_s:,.0f} tokens/s")
+    return 0
+
+
+def _cmd_validate(args) -> int:
+    from tensorpilot.plan.validate import validate_file
+
+    if not args.file:
+        raise UsageError("validate needs a CSV file: `tensorpilot plan validate FILE.csv`.")
+    results, summary = validate_file(args.file)
+    if args.json:
+        print(json.dumps({"rows": [r.to_dict() for r in results], "summary": summary}, indent=1))
+        return 0
+    print(format_validation(results, summary))
+    return 0
+
+
+def format_validation(results, summary) -> str:
+    """A Markdown table (also what docs/planner.md shows)."""
+    lines = ["| id | metric | published | predicted | error | note |", "|---|---|---:|---:|---:|---|"]
+    for r in results:
+        pred = "n/a" if r.predicted is None else f"{r.predicted:,.4g}"
+        err = "n/a" if r.error is None else f"{100 * r.error:+.1f}%"
+        lines.append(f"| {r.id} | {r.metric} | {r.published:,.4g} {r.unit} | {pred} | {err} | {r.note} |")
+    lines += ["", "| kind | rows | median abs error | max abs error |", "|---|---:|---:|---:|"]
+    for kind, s in summary.items():
+        lines.append(f"| {kind} | {s['rows']} | {100 * s['median_abs_error']:.1f}% | {100 * s['max_abs_error']:.1f}% |")
+    return "\n".join(lines)

@@ -1,0 +1,287 @@
+"""Transformer shapes the planner knows: presets, Hugging Face ``config.json`` files, built-in gpt.
+
+A :class:`ModelSpec` is only shapes and a few architectural switches (MLP kind, attention heads
+vs key/value heads, tied embeddings, learned positions, biases, dropout); every count the planner
+needs (parameters, FLOPs, activation bytes) is a pure function of it. Pure Python, no torch.
+
+>>> spec = get_model("llama3-8b")
+>>> round(spec.n_params / 1e9, 2)                       # Meta reports 8.03B
+8.03
+>>> get_model("gpt2").n_params                          # GPT-2 small, tied head: 124,439,808
+124439808
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tensorpilot.errors import ConfigError
+
+__all__ = ["ModelSpec", "PRESETS", "UnknownModelError", "closest_models", "get_model",
+           "model_spec_from_gpt_config", "model_spec_from_hf_config", "preset_names"]
+
+
+class UnknownModelError(ConfigError, LookupError):
+    """A model name that is neither a preset nor a readable config file."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder (or encoder) transformer, described by shapes. h = hidden, L = layers."""
+
+    name: str
+    hidden: int                     # h, model width
+    layers: int                     # L, transformer blocks
+    heads: int                      # a, query heads
+    vocab: int                      # V, embedding rows (Megatron pads to a multiple of 128 x tp)
+    ffn_hidden: int                 # f, MLP inner width (4h for GPT; 8h/3 rounded for Llama)
+    kv_heads: int = 0               # key/value heads; 0 = heads (multi-head attention), < heads = GQA
+    mlp: str = "gelu"               # "gelu": up + down (2 matrices); "swiglu": gate + up + down (3)
+    tied_embeddings: bool = False   # output head shares the embedding matrix
+    learned_positions: int = 0      # rows of a learned position table (GPT-2, BERT); 0 = RoPE/ALiBi
+    bias: bool = False              # linear and norm biases (GPT-2, BERT: yes; Llama, MPT: no)
+    dropout: bool = False           # dropout layers active in training (stores 1-byte masks)
+    causal: bool = True             # decoder (causal mask) vs encoder (BERT)
+    lm_head: bool = True            # vocabulary logits + loss; False: a small task head (BERT fine-tuning)
+    extra_params: int = 0           # parameters outside the blocks/embeddings/head (BERT pooler)
+    max_seq_len: int = 2048         # default context of the preset
+    source: str = ""                # where the shape comes from
+
+    def __post_init__(self) -> None:
+        for f in ("hidden", "layers", "heads", "vocab", "ffn_hidden"):
+            if getattr(self, f) < 1:
+                raise ConfigError(f"model {self.name!r}: {f} must be a positive integer.")
+        if self.hidden % self.heads:
+            raise ConfigError(f"model {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}.")
+        if self.kv_heads and self.heads % self.kv_heads:
+            raise ConfigError(f"model {self.name!r}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}.")
+        if self.mlp not in ("gelu", "swiglu"):
+            raise ConfigError(f"model {self.name!r}: mlp must be 'gelu' or 'swiglu', not {self.mlp!r}.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): kv_heads x head_dim; = h without GQA."""
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.mlp == "swiglu" else 2
+
+    # -- parameter counts (weights + biases + norm scales), from the shapes ------------------------
+
+    @property
+    def layer_params(self) -> int:
+        """One block: attention (q, k, v, out), MLP, two norms."""
+        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
+        attn = h * (h + 2 * kv) + h * h                       # W_qkv (h, h + 2kv), W_o (h, h)
+        mlp = self.mlp_matrices * h * f
+        norms = 2 * h * (2 if self.bias else 1)              # LayerNorm: scale + shift; RMSNorm: scale
+        biases = (h + 2 * kv) + h + (self.mlp_matrices - 1) * f + h if self.bias else 0
+        return attn + mlp + norms + biases
+
+    @property
+    def embedding_params(self) -> int:
+        """Token (+ learned position) embeddings; the first pipeline stage holds them."""
+        return self.vocab * self.hidden + self.learned_positions * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        """Final norm + output projection (0 extra when tied); the last pipeline stage holds them."""
+        final_norm = self.hidden * (2 if self.bias else 1)
+        untied = self.lm_head and not self.tied_embeddings
+        return final_norm + (self.vocab * self.hidden if untied else 0) + self.extra_params
+
+    @property
+    def n_params(self) -> int:
+        return self.layers * self.layer_params + self.embedding_params + self.head_params
+
+    @property
+    def n_matmul_params(self) -> int:
+        """Weights that take part in a matmul per token: blocks + the output head (tied or not)."""
+        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
+        head = self.vocab * h if self.lm_head else 0
+        return self.layers * (h * (h + 2 * kv) + h * h + self.mlp_matrices * h * f) + head
+
+
+def _gpt(name, h, L, a, V, *, s=2048, tied=False, pos=0, bias=True, dropout=False, source=""):
+    return ModelSpec(name=name, hidden=h, layers=L, heads=a, vocab=V, ffn_hidden=4 * h,
+                     tied_embeddings=tied, learned_positions=pos, bias=bias, dropout=dropout,
+                     max_seq_len=s, source=source)
+
+
+def _llama(name, h, L, a, kv, f, V, s, source):
+    return ModelSpec(name=name, hidden=h, layers=L, heads=a, kv_heads=kv, ffn_hidden=f, vocab=V,
+                     mlp="swiglu", max_seq_len=s, source=source)
+
+
+_GPT2 = "Radford et al. 2019 (GPT-2), Hugging Face gpt2* config.json"
+_MEG = "Narayanan et al. SC21 Table 1 (Megatron-LM scaling table), 4h GeLU MLP, vocab 51200"
+_L2 = "Touvron et al. 2023 (Llama 2), meta-llama config.json"
+_L3 = "Llama 3 herd paper (Dubey et al. 2024) Table 3, meta-llama config.json"
+_MPT = "mosaicml/llm-foundry yamls (MPT: ALiBi, no biases, tied embeddings, vocab 50368)"
+
+
+def _mpt(name, h, L, a, s=2048):
+    return ModelSpec(name=name, hidden=h, layers=L, heads=a, vocab=50368, ffn_hidden=4 * h,
+                     tied_embeddings=True, max_seq_len=s, source=_MPT)
+
+
+PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
+    _gpt("gpt2", 768, 12, 12, 50257, s=1024, tied=True, pos=1024, dropout=True, source=_GPT2),
+    _gpt("gpt2-medium", 1024, 24, 16, 50257, s=1024, tied=True, pos=1024, dropout=True, source=_GPT2),
+    _gpt("gpt2-large", 1280, 36, 20, 50257, s=1024, tied=True, pos=1024, dropout=True, source=_GPT2),
+    _gpt("gpt2-xl", 1600, 48, 25, 50257, s=1024, tied=True, pos=1024, dropout=True, source=_GPT2),
+    # Megatron-LM GPT shapes: learned positions, untied output in the paper's FLOP formula
+    *(_gpt(f"megatron-{n}", h, L, a, 51200, pos=2048, dropout=True, source=_MEG) for n, h, L, a in [
+        ("1.7b", 2304, 24, 24), ("3.6b", 3072, 30, 32), ("7.5b", 4096, 36, 32), ("18.4b", 6144, 40, 48),
+        ("39.1b", 8192, 48, 64), ("76.1b", 10240, 60, 80), ("145.6b", 12288, 80, 96),
+        ("310.1b", 16384, 96, 128), ("529.6b", 20480, 105, 128), ("1t", 25600, 128, 160)]),
+    _gpt("gpt3-175b", 12288, 96, 96, 50257, pos=2048, dropout=True,
+         source="Brown et al. 2020 Table 2.1 (GPT-3 175B)"),
+    _llama("llama2-7b", 4096, 32, 32, 32, 11008, 32000, 4096, _L2),
+    _llama("llama2-13b", 5120, 40, 40, 40, 13824, 32000, 4096, _L2),
+    _llama("llama2-70b", 8192, 80, 64, 8, 28672, 32000, 4096, _L2),
+    _llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, _L3),
+    _llama("llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, _L3),
+    _llama("llama3.1-8b", 4096, 32, 32, 8, 14336, 128256, 131072, _L3),
+    _llama("llama3.1-70b", 8192, 80, 64, 8, 28672, 128256, 131072, _L3),
+    _llama("llama3.1-405b", 16384, 126, 128, 8, 53248, 128256, 131072, _L3),
+    # BERT: encoder, learned positions (512) + 2 token types; the pooler (h x h + h) and a small
+    # classification head as in fine-tuning (BertForSequenceClassification), no vocabulary logits
+    *(ModelSpec(name=n, hidden=h, layers=L, heads=a, vocab=30522, ffn_hidden=4 * h, tied_embeddings=True,
+                learned_positions=512 + 2, bias=True, dropout=True, causal=False, max_seq_len=512,
+                lm_head=False, extra_params=h * h + h,
+                source="Devlin et al. 2019; bert-*-uncased config.json") for n, h, L, a in [
+        ("bert-base", 768, 12, 12), ("bert-large", 1024, 24, 16)]),
+    _mpt("mpt-125m", 768, 12, 12), _mpt("mpt-350m", 1024, 24, 16), _mpt("mpt-760m", 1536, 24, 12),
+    _mpt("mpt-1b", 2048, 24, 16), _mpt("mpt-3b", 2560, 32, 20), _mpt("mpt-7b", 4096, 32, 32),
+    _mpt("mpt-13b", 5120, 40, 40), _mpt("mpt-30b", 7168, 48, 64, s=8192), _mpt("mpt-70b", 8192, 80, 64),
+]}
+
+_GPT_PREFIX = "tp-gpt-"
+
+
+def _builtin_gpt_specs() -> dict[str, ModelSpec]:
+    """The built-in ``gpt`` workload's sizes (tensorpilot.workloads.gpt.SIZES) as presets.
+
+    Imported lazily: that module imports torch, which only a tp-gpt-* lookup should pay for.
+    """
+    from tensorpilot.workloads.gpt import SIZES, GPTConfig
+
+    return {f"{_GPT_PREFIX}{size}": model_spec_from_gpt_config(GPTConfig(**shape), name=f"{_GPT_PREFIX}{size}")
+            for size, shape in SIZES.items()}
+
+
+def model_spec_from_gpt_config(cfg, *, name: str = "gpt") -> ModelSpec:
+    """The ModelSpec of a ``tensorpilot.workloads.gpt.GPTConfig`` (duck-typed: any object with
+    vocab_size, seq_len, n_layer, n_head, d_model, dropout, tie_head)."""
+    return ModelSpec(name=name, hidden=cfg.d_model, layers=cfg.n_layer, heads=cfg.n_head,
+                     vocab=cfg.vocab_size, ffn_hidden=4 * cfg.d_model, tied_embeddings=bool(cfg.tie_head),
+                     learned_positions=cfg.seq_len, bias=True, dropout=bool(cfg.dropout),
+                     max_seq_len=cfg.seq_len, source="tensorpilot built-in gpt workload")
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def preset_names() -> list[str]:
+    """Every preset name (the built-in gpt sizes load torch, so they are listed by prefix only)."""
+    return [*PRESETS, f"{_GPT_PREFIX}<size>"]
+
+
+def closest_models(name: str, n: int = 3) -> list[str]:
+    import difflib
+
+    return difflib.get_close_matches(_norm(name), list(PRESETS), n=n, cutoff=0.5)
+
+
+def get_model(name: str) -> ModelSpec:
+    """A preset by name ('llama3-8b', 'GPT2-XL', 'tp-gpt-small'), or a config.json path."""
+    key = _norm(name)
+    if key in PRESETS:
+        return PRESETS[key]
+    if key.startswith(_GPT_PREFIX):
+        builtin = _builtin_gpt_specs()
+        if key in builtin:
+            return builtin[key]
+        raise UnknownModelError(f"unknown built-in gpt size {name!r}; known: {', '.join(builtin)}.")
+    if name.endswith(".json") and Path(name).exists():
+        return model_spec_from_hf_config(name)
+    hint = closest_models(name)
+    tail = f"did you mean {', '.join(hint)}?" if hint else "see `tensorpilot plan --list-models`."
+    raise UnknownModelError(f"unknown model {name!r}; {tail}")
+
+
+# ----------------------------------------------------------------------------- Hugging Face configs
+
+def _first(cfg: dict, *keys, default=None):
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def model_spec_from_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
+    """Read a Hugging Face ``config.json`` (Llama/Mistral/Qwen, GPT-2, BERT, MPT field names)
+    without transformers. Unknown architectures raise ConfigError naming the missing field."""
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist.") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid JSON ({exc}).") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"config file {str(p)!r} does not hold a JSON object.")
+    kind = str(cfg.get("model_type", "")).lower()
+    h = _first(cfg, "hidden_size", "n_embd", "d_model")
+    L = _first(cfg, "num_hidden_layers", "n_layer", "n_layers")
+    a = _first(cfg, "num_attention_heads", "n_head", "n_heads")
+    V = _first(cfg, "vocab_size")
+    missing = [k for k, v in (("hidden_size", h), ("num_hidden_layers", L), ("num_attention_heads", a),
+                              ("vocab_size", V)) if v is None]
+    if missing:
+        raise ConfigError(f"config file {str(p)!r} lacks {', '.join(missing)}; "
+                          "only Llama, GPT-2, BERT and MPT-style configs are understood.")
+    act = str(_first(cfg, "hidden_act", "activation_function", default="gelu")).lower()
+    gated = kind in ("llama", "mistral", "qwen2", "gemma", "mixtral") or act in ("silu", "swiglu")
+    f = _first(cfg, "intermediate_size", "n_inner", default=None) or \
+        (cfg.get("expansion_ratio", 4) * h)
+    kv = _first(cfg, "num_key_value_heads", default=None)
+    learned = 0
+    if kind in ("gpt2",) or "n_positions" in cfg:
+        learned = _first(cfg, "n_positions", default=0)
+    elif kind == "bert":
+        learned = cfg.get("max_position_embeddings", 512) + cfg.get("type_vocab_size", 2)
+    seq = _first(cfg, "max_position_embeddings", "n_positions", "max_seq_len", "n_ctx", default=2048)
+    drop = any(float(cfg.get(k) or 0) > 0 for k in ("hidden_dropout_prob", "resid_pdrop", "attention_dropout",
+                                                     "attention_probs_dropout_prob", "attn_pdrop"))
+    tied = bool(cfg.get("tie_word_embeddings", kind in ("gpt2", "bert", "mpt")))
+    bias = kind in ("gpt2", "bert") or bool(cfg.get("attention_bias", False) or cfg.get("no_bias") is False)
+    is_bert = kind == "bert"
+    return ModelSpec(name=name or p.parent.name or p.stem, hidden=int(h), layers=int(L), heads=int(a),
+                     vocab=int(V), ffn_hidden=int(f), kv_heads=int(kv or 0), mlp="swiglu" if gated else "gelu",
+                     tied_embeddings=tied, learned_positions=int(learned), bias=bias, dropout=drop,
+                     causal=not is_bert, lm_head=not is_bert, extra_params=int(h) * int(h) + int(h) if is_bert else 0,
+                     max_seq_len=int(seq), source=f"Hugging Face config {p}")
+
+
+def custom_model(name: str, **shape) -> ModelSpec:
+    """A ModelSpec from explicit shapes (validate rows); GPT-style defaults."""
+    return ModelSpec(name=name, **shape)
+
+
+def with_overrides(spec: ModelSpec, **changes) -> ModelSpec:
+    return replace(spec, **{k: v for k, v in changes.items() if v is not None})
+

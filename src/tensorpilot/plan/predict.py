@@ -1,0 +1,347 @@
+"""``predict(model, hardware, layout, setup) -> Plan``: memory, step time, throughput, MFU, cost
+and energy of one training configuration. Pure Python (catalog + formulas), microseconds per call,
+so the layout search can call it thousands of times and ``train`` can print predicted vs measured.
+
+>>> from tensorpilot.hardware import catalog
+>>> from tensorpilot.plan.models import get_model
+>>> p = predict(get_model("llama3-8b"), catalog.get("h100-sxm"), Layout(dp=8, sharding="fsdp",
+...             recompute="selective"), TrainSetup(seq_len=8192, global_batch=16))
+>>> p.fits, 0.3 < p.mfu < 0.6
+(True, True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from tensorpilot.errors import ConfigError
+from tensorpilot.hardware.catalog import Accelerator
+from tensorpilot.hardware.peak import mfu as mfu_of
+from tensorpilot.plan import calibration as cal
+from tensorpilot.plan import memory as mem
+from tensorpilot.plan import timing as tm
+from tensorpilot.plan.flops import RECOMPUTE_MODES, hardware_flops, train_flops
+from tensorpilot.plan.models import ModelSpec
+
+__all__ = ["InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "predict", "predict_inference"]
+
+SHARDINGS = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """How a step is split over devices; ``name`` is the short form ('dp', 'fsdp x tp', ...)."""
+
+    tp: int = 1                      # tensor-parallel ranks (inside a node)
+    pp: int = 1                      # pipeline stages
+    dp: int = 1                      # data-parallel replicas (or FSDP/ZeRO shards)
+    sharding: str = "none"           # none (DDP) | zero1 | zero2 | zero3 = fsdp
+    sequence_parallel: bool = False  # Megatron sequence parallelism (needs tp > 1)
+    micro_batch: int = 1             # sequences per micro-batch per replica
+    schedule: str = "1f1b"           # pipeline schedule: 1f1b | gpipe | interleaved
+    virtual_stages: int = 1          # model chunks per stage (interleaved schedule)
+    recompute: str = "none"          # activation recomputation: none | selective | full
+
+    @property
+    def n_devices(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def zero_stage(self) -> int:
+        return SHARDINGS[self.sharding]
+
+    @property
+    def name(self) -> str:
+        parts = []
+        if self.dp > 1 or (self.tp == 1 and self.pp == 1):
+            parts.append({"none": "dp", "zero3": "fsdp"}.get(self.sharding, self.sharding))
+        parts += [n for n, k in (("tp", self.tp), ("pp", self.pp)) if k > 1]
+        return " x ".join(parts)
+
+    def describe(self) -> str:
+        extra = " sp" if self.sequence_parallel else ""
+        sched = f" {self.schedule}" + (f"/{self.virtual_stages}" if self.virtual_stages > 1 else "") \
+            if self.pp > 1 else ""
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp} {self.sharding}{extra} mb={self.micro_batch}"
+                f" recompute={self.recompute}{sched}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainSetup:
+    """What is trained and how, independent of the layout."""
+
+    seq_len: int
+    global_batch: int                     # sequences per optimizer step
+    precision: str = "bf16"               # see memory.precision
+    optimizer: str = "adam"
+    attention: str = "flash"              # flash (fused, causal half computed) | materialized
+    tokens: float | None = None           # tokens to train, for time / cost / energy
+    price_per_hour: float | None = None   # USD per device-hour; default: the catalog's price
+    grid_g_per_kwh: float = cal.DEFAULT_GRID_G_PER_KWH
+
+
+@dataclass(slots=True, kw_only=True)
+class Plan:
+    model: str
+    hardware: str
+    layout: str
+    layout_detail: Layout
+    n_devices: int
+    memory_bytes: dict[str, float]          # per component + "total", busiest device
+    memory_limit_bytes: float                # device capacity x (1 - safety margin)
+    device_memory_bytes: float
+    fits: bool
+    step_time_s: float
+    time_breakdown_s: dict[str, float]
+    tokens_per_step: int
+    tokens_per_s: float
+    tokens_per_s_per_device: float
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    mfu: float | None
+    hfu: float | None
+    peak_flops_per_s: float | None
+    time_to_train_s: float | None = None
+    gpu_hours: float | None = None
+    price_per_gpu_hour: float | None = None
+    cost_usd: float | None = None
+    power_w_per_device: float | None = None
+    energy_kwh: float | None = None
+    co2_kg: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["layout_detail"] = asdict(self.layout_detail)
+        return d
+
+
+def device_rates(acc: Accelerator, compute_dtype: str) -> tm.DeviceRates:
+    peak = acc.peak_flops_per_s(compute_dtype)
+    if not peak:
+        raise ConfigError(f"{acc.key} has no published {compute_dtype} peak; choose another --precision.")
+    link = (acc.link_gb_per_s or 32) * 1e9 / 2 * cal.LINK_BW_FRACTION          # both directions -> one
+    net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
+    sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION
+    return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(acc.key),
+                          mem_bytes_per_s=(acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.MEMORY_BW_FRACTION,
+                          link_bytes_per_s=link, internode_bytes_per_s=net,
+                          attention_flops_per_s=sustained * cal.flash_attention_fraction(acc.key))
+
+
+def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: int | None = None) -> None:
+    """Raise ConfigError (one sentence) for a layout that cannot run."""
+    lo = layout
+    for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages"):
+        if getattr(lo, name) < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {getattr(lo, name)}.")
+    if n_devices is not None and lo.n_devices != n_devices:
+        raise ConfigError(f"tp x pp x dp = {lo.tp} x {lo.pp} x {lo.dp} = {lo.n_devices} does not equal "
+                          f"--gpus {n_devices}.")
+    if spec.heads % lo.tp:
+        raise ConfigError(f"tp={lo.tp} does not divide the {spec.heads} attention heads of {spec.name}.")
+    if spec.n_kv_heads % lo.tp and lo.tp % spec.n_kv_heads:
+        raise ConfigError(f"tp={lo.tp} and the {spec.n_kv_heads} key/value heads of {spec.name} do not divide "
+                          "one another.")
+    if lo.pp > spec.layers:
+        raise ConfigError(f"pp={lo.pp} exceeds the {spec.layers} layers of {spec.name}.")
+    if setup.global_batch % (lo.dp * lo.micro_batch):
+        raise ConfigError(f"micro-batch {lo.micro_batch} x dp {lo.dp} does not divide the global batch "
+                          f"{setup.global_batch}.")
+    if lo.sharding not in SHARDINGS:
+        raise ConfigError(f"unknown sharding {lo.sharding!r}; use one of {', '.join(SHARDINGS)}.")
+    if lo.schedule not in SCHEDULES:
+        raise ConfigError(f"unknown pipeline schedule {lo.schedule!r}; use one of {', '.join(SCHEDULES)}.")
+    if lo.recompute not in RECOMPUTE_MODES:
+        raise ConfigError(f"unknown recompute {lo.recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}.")
+    if lo.sequence_parallel and lo.tp == 1:
+        raise ConfigError("sequence parallelism needs tp > 1.")
+    if setup.attention not in ("flash", "materialized"):
+        raise ConfigError(f"attention must be flash or materialized, not {setup.attention!r}.")
+    if setup.seq_len < 1 or setup.global_batch < 1:
+        raise ConfigError("seq_len and global_batch must be positive integers.")
+
+
+def _stage_params(spec: ModelSpec, pp: int) -> float:
+    """Parameters on the busiest pipeline stage: its blocks + the embedding (first stage) or the
+    head (last stage); with pp = 1 everything."""
+    per_stage = math.ceil(spec.layers / pp) * spec.layer_params
+    if pp == 1:
+        return per_stage + spec.embedding_params + spec.head_params
+    # Megatron keeps a copy of a tied embedding on the last stage for the output layer
+    last_head = spec.head_params + (spec.vocab * spec.hidden if spec.tied_embeddings and spec.lm_head else 0)
+    return per_stage + max(spec.embedding_params, last_head)
+
+
+def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup, *,
+            check: bool = True) -> Plan:
+    if check:
+        check_layout(spec, layout, setup)
+    lo, s = layout, setup
+    prec = mem.precision(s.precision, s.optimizer)
+    e = prec.act_bytes
+    rates = device_rates(acc, prec.compute)
+    n_micro = s.global_batch // (lo.dp * lo.micro_batch)        # micro-batches per replica per step
+    layers_stage = math.ceil(spec.layers / lo.pp)
+
+    # ---- memory of the busiest device
+    params_stage = _stage_params(spec, lo.pp) / lo.tp
+    states = mem.model_state_bytes(params_stage, prec, zero_stage=lo.zero_stage, dp=lo.dp)
+    acts = mem.activation_bytes_per_device(
+        spec, seq_len=s.seq_len, micro_batch=lo.micro_batch, n_micro=n_micro, tp=lo.tp, pp=lo.pp,
+        sequence_parallel=lo.sequence_parallel, recompute=lo.recompute, attention=s.attention,
+        act_bytes=e, schedule=lo.schedule, virtual_stages=lo.virtual_stages)
+    layer_param_bytes = spec.layer_params / lo.tp * DTYPE_COMPUTE_BYTES(prec)
+    buffers = 0.0
+    if lo.zero_stage == 3:      # two gathered blocks (current + prefetch) and one unsharded block grad
+        buffers += 2 * layer_param_bytes + spec.layer_params / lo.tp * prec.grad_bytes
+    elif lo.dp > 1:             # DDP/ZeRO gradient buckets (25 MB default, two in flight)
+        buffers += 2 * 25 * 2**20
+    # autocast keeps a half copy of each weight it used until forward ends (FSDP: of gathered blocks)
+    copied_params = 2 * spec.layer_params / lo.tp if lo.zero_stage == 3 else params_stage
+    buffers += prec.weight_copy_bytes * copied_params
+    allocated = sum(states.values()) + acts["activations"] + acts["logits"] + buffers
+    memory_bytes = {**states, "activations": acts["activations"], "logits_and_loss": acts["logits"],
+                    "buffers": buffers, "allocator_overhead": allocated * cal.ALLOCATOR_OVERHEAD_FRACTION,
+                    "cuda_context": cal.CONTEXT_BYTES}
+    memory_bytes["total"] = sum(memory_bytes.values())
+    device_bytes = (acc.mem_gb or 0) * 2**30
+    limit = device_bytes * (1 - cal.SAFETY_MARGIN_FRACTION)
+
+    # ---- time of one micro-batch through the busiest stage
+    lt = tm.layer_times(spec, rates, seq_len=s.seq_len, micro_batch=lo.micro_batch, tp=lo.tp,
+                        sequence_parallel=lo.sequence_parallel, attention=s.attention, e=e)
+    recompute_s = {"none": 0.0, "selective": lt.attention_fwd_s, "full": lt.forward_s}[lo.recompute]
+    n_tp_coll = 4 + (2 if lo.recompute == "full" else 0)
+    tp_comm_s = n_tp_coll * lt.tp_comm_per_collective_s
+    tokens_micro = s.seq_len * lo.micro_batch
+    head_s = 0.0
+    if spec.lm_head:            # output GEMM (fwd + 2 bwd) + fp32 loss traffic (~6 passes of 4 bytes)
+        head_s = 3 * tm.gemm_time_s(tokens_micro, spec.hidden, math.ceil(spec.vocab / lo.tp), rates, e) \
+            + tokens_micro * spec.vocab / lo.tp * 24 / rates.mem_bytes_per_s
+    fwd_s = layers_stage * lt.forward_s
+    bwd_s = layers_stage * (lt.backward_s + recompute_s)
+    stage_micro_s = fwd_s + bwd_s + layers_stage * tp_comm_s + head_s
+    if lo.pp > 1:               # activations sent forward and gradients back, Megatron's scatter/gather /t
+        bw, alpha = tm.group_link(rates, lo.pp, lo.tp * lo.dp)
+        p2p = alpha + tokens_micro * spec.hidden * e / lo.tp / bw
+        stage_micro_s += 2 * p2p * (lo.virtual_stages if lo.schedule == "interleaved" else 1)
+
+    # ---- data-parallel / sharded communication
+    bw, alpha = tm.group_link(rates, lo.dp, lo.tp)
+    grad_bytes = params_stage * (prec.grad_bytes if prec.grad_bytes <= 2 else 4)
+    half_param_bytes = params_stage * DTYPE_COMPUTE_BYTES(prec)
+    bwd_micro_s = bwd_s + head_s
+    dp_exposed = 0.0
+    if lo.dp > 1:
+        if lo.zero_stage == 3:
+            ag = tm.allgather_time_s(half_param_bytes, lo.dp, bw, alpha)
+            rs = tm.reducescatter_time_s(grad_bytes, lo.dp, bw, alpha)
+            per_micro = (max(ag / layers_stage, ag - fwd_s)
+                         + max((ag + rs) / layers_stage, ag + rs - bwd_micro_s))
+            dp_exposed = n_micro * per_micro
+        else:
+            if lo.zero_stage == 2:     # reduce-scatter every micro-batch, overlapped with backward
+                rs = tm.reducescatter_time_s(grad_bytes, lo.dp, bw, alpha)
+                dp_exposed = n_micro * max(rs / layers_stage, rs - bwd_micro_s)
+            else:                      # one all-reduce (ZeRO-1: reduce-scatter) in the last backward
+                ar = tm.allreduce_time_s(grad_bytes, lo.dp, bw, alpha)
+                reduce = ar / 2 if lo.zero_stage == 1 else ar
+                dp_exposed = max(reduce / layers_stage, reduce - bwd_micro_s)
+            if lo.zero_stage in (1, 2):  # updated weights gathered after the optimizer step
+                dp_exposed += tm.allgather_time_s(half_param_bytes, lo.dp, bw, alpha)
+
+    # ---- optimizer: streams weights, grads, master and states once each way
+    opt_params = params_stage / (lo.dp if lo.zero_stage >= 1 else 1)
+    opt_bytes = opt_params * (prec.grad_bytes + 2 * (prec.master_bytes or prec.param_bytes)
+                              + 2 * prec.optim_bytes + (prec.param_bytes if prec.master_bytes else 0))
+    optimizer_s = opt_bytes / rates.mem_bytes_per_s
+
+    pipe_s = tm.pipeline_time_s(stage_micro_s, lo.pp, n_micro, lo.schedule, lo.virtual_stages)
+    step_s = pipe_s + dp_exposed + optimizer_s
+    breakdown = {
+        "compute": n_micro * layers_stage * (lt.gemm_fwd_s * 3 + lt.attention_fwd_s + lt.attention_bwd_s
+                                             + (recompute_s if lo.recompute == "selective" else 0)
+                                             + (lt.gemm_fwd_s + lt.attention_fwd_s if lo.recompute == "full" else 0)),
+        "memory_bound": n_micro * (layers_stage * lt.elementwise_fwd_s * (3 + (lo.recompute == "full")) + head_s),
+        "tp_comm": n_micro * layers_stage * tp_comm_s,
+        "pipeline_bubble": pipe_s - n_micro * stage_micro_s,
+        "pp_comm": n_micro * (stage_micro_s - fwd_s - bwd_s - layers_stage * tp_comm_s - head_s),
+        "dp_comm_exposed": dp_exposed,
+        "optimizer": optimizer_s,
+    }
+
+    # ---- derived
+    tokens_step = s.global_batch * s.seq_len
+    model_flops = train_flops(spec, s.global_batch, s.seq_len, "full")
+    hw_flops = hardware_flops(spec, s.global_batch, s.seq_len, lo.recompute, "full")
+    n_dev = lo.n_devices
+    peak = acc.peak_flops_per_s(prec.compute)
+    plan_mfu = mfu_of(model_flops / step_s / n_dev, peak)
+    plan_hfu = mfu_of(hw_flops / step_s / n_dev, peak)
+    busy = min(1.0, (plan_hfu or 0) / (cal.mamf_fraction(acc.key) * cal.SUSTAINED_COMPUTE_FRACTION))
+    power = acc.tdp_w * (cal.IDLE_POWER_FRACTION + (1 - cal.IDLE_POWER_FRACTION) * busy) if acc.tdp_w else None
+    plan = Plan(model=spec.name, hardware=acc.key, layout=lo.name, layout_detail=lo, n_devices=n_dev,
+                memory_bytes=memory_bytes, memory_limit_bytes=limit, device_memory_bytes=device_bytes,
+                fits=memory_bytes["total"] <= limit, step_time_s=step_s, time_breakdown_s=breakdown,
+                tokens_per_step=tokens_step, tokens_per_s=tokens_step / step_s,
+                tokens_per_s_per_device=tokens_step / step_s / n_dev, model_flops_per_step=model_flops,
+                hardware_flops_per_step=hw_flops, mfu=plan_mfu, hfu=plan_hfu, peak_flops_per_s=peak,
+                power_w_per_device=power)
+    price = s.price_per_hour or acc.price_usd_per_gpu_hour
+    plan.price_per_gpu_hour = price
+    if s.tokens:
+        plan.time_to_train_s = s.tokens / plan.tokens_per_s
+        plan.gpu_hours = plan.time_to_train_s * n_dev / 3600
+        plan.cost_usd = plan.gpu_hours * price if price else None
+        if power:
+            plan.energy_kwh = power * n_dev * plan.time_to_train_s / 3.6e6
+            plan.co2_kg = plan.energy_kwh * s.grid_g_per_kwh / 1000
+    if not price:
+        plan.notes.append(f"no catalog price for {acc.key}: pass --price-per-hour for a cost.")
+    return plan
+
+
+def DTYPE_COMPUTE_BYTES(prec: mem.Precision) -> float:  # noqa: N802 - reads like the table it is
+    """Bytes of a weight in the compute dtype (what FSDP gathers, what autocast copies)."""
+    return mem.DTYPE_BYTES["bf16" if prec.compute == "fp8" else prec.compute]
+
+
+# ------------------------------------------------------------------------------ inference sizing
+
+@dataclass(slots=True, kw_only=True)
+class InferencePlan:
+    model: str
+    hardware: str
+    tp: int
+    weights_bytes: float
+    kv_cache_bytes: float
+    activation_bytes: float
+    total_bytes_per_device: float
+    memory_limit_bytes: float
+    fits: bool
+    decode_tokens_per_s: float        # batch x steps/s, memory-bound decode (weights + KV read per step)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict_inference(spec: ModelSpec, acc: Accelerator, *, batch: int, context: int, dtype: str = "bf16",
+                      kv_dtype: str | None = None, tp: int = 1) -> InferencePlan:
+    """Weights + KV cache for ``batch`` sequences of ``context`` tokens, split over ``tp`` devices."""
+    if spec.heads % tp:
+        raise ConfigError(f"tp={tp} does not divide the {spec.heads} attention heads of {spec.name}.")
+    w = mem.weights_bytes(spec.n_params, dtype) / tp
+    kv = mem.kv_cache_bytes(spec, batch=batch, context=context,
+                            dtype_bytes=mem.DTYPE_BYTES[kv_dtype or dtype]) / tp
+    # prefill working set of one layer: (batch, context, h + f) activations; logits of one step
+    act = batch * context * (spec.hidden + spec.ffn_hidden) * 2 / tp + batch * spec.vocab * 4
+    total = w + kv + act + cal.CONTEXT_BYTES
+    limit = (acc.mem_gb or 0) * 2**30 * (1 - cal.SAFETY_MARGIN_FRACTION)
+    bw = (acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.MEMORY_BW_FRACTION
+    step_s = (w + kv) / bw          # every decode step reads all weights and the whole cache
+    return InferencePlan(model=spec.name, hardware=acc.key, tp=tp, weights_bytes=w, kv_cache_bytes=kv,
+                         activation_bytes=act, total_bytes_per_device=total, memory_limit_bytes=limit,
+                         fits=total <= limit, decode_tokens_per_s=batch / step_s)

@@ -1,0 +1,192 @@
+"""Layout search and deadline sizing on top of :func:`tensorpilot.plan.predict.predict`.
+
+The space: tp (powers of two inside a node, dividing the heads) x pp (dividing the remaining
+devices, at most the layer count) x dp (the rest, dividing the global batch) x micro-batch
+(powers of two dividing the per-replica batch, up to 16) x sharding (none, zero1, zero2, fsdp)
+x recomputation (none, selective, full) x schedule (1f1b; interleaved with 2 chunks when pp > 1),
+sequence parallelism always on with tp > 1 (it only saves memory and traffic is the same).
+Pruning: recomputation only costs time, so a layout stops at the first recompute mode that fits;
+a predict() costs ~0.1 ms, so even 405B on 16,384 devices (~2,000 candidates) answers in well
+under a second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from tensorpilot.errors import ConfigError
+from tensorpilot.hardware.catalog import Accelerator
+from tensorpilot.plan import calibration as cal
+from tensorpilot.plan.models import ModelSpec
+from tensorpilot.plan.predict import Layout, Plan, TrainSetup, check_layout, predict
+
+__all__ = ["SearchResult", "candidate_layouts", "cheapest_for_deadline", "explain_winner", "search"]
+
+OBJECTIVES = ("throughput", "cost")
+
+
+@dataclass(slots=True)
+class SearchResult:
+    ranked: list[Plan]                  # fitting layouts, best first
+    considered: int = 0
+    invalid: int = 0
+    not_fitting: int = 0
+    objective: str = "throughput"
+    why: list[str] = field(default_factory=list)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
+
+
+def candidate_layouts(spec: ModelSpec, n_devices: int, setup: TrainSetup, *,
+                      gpus_per_node: int = cal.GPUS_PER_NODE, max_micro: int = 16):
+    """Yield (layout without recompute) candidates that pass the divisibility rules."""
+    for tp in _powers_of_two(min(gpus_per_node, n_devices)):
+        if n_devices % tp or spec.heads % tp or (spec.n_kv_heads % tp and tp % spec.n_kv_heads):
+            continue
+        for pp in _divisors(n_devices // tp):
+            if pp > spec.layers:
+                break
+            dp = n_devices // (tp * pp)
+            if setup.global_batch % dp:
+                continue
+            per_replica = setup.global_batch // dp
+            for mb in _powers_of_two(min(max_micro, per_replica)):
+                if per_replica % mb:
+                    continue
+                schedules = [("1f1b", 1)]
+                if pp > 1 and spec.layers % (2 * pp) == 0 and per_replica // mb >= pp:
+                    schedules.append(("interleaved", 2))
+                shardings = ("none", "zero1", "zero2", "fsdp") if dp > 1 else ("none",)
+                for sharding in shardings:
+                    for schedule, v in schedules:
+                        yield Layout(tp=tp, pp=pp, dp=dp, sharding=sharding, sequence_parallel=tp > 1,
+                                     micro_batch=mb, schedule=schedule, virtual_stages=v)
+
+
+def _score(plan: Plan, objective: str) -> float:
+    """Lower is better: seconds per token, or dollars per token (seconds x devices x price)."""
+    per_token_s = 1 / plan.tokens_per_s
+    if objective == "cost":
+        return per_token_s * plan.n_devices * (plan.price_per_gpu_hour or 1.0)
+    return per_token_s
+
+
+def search(spec: ModelSpec, acc: Accelerator, n_devices: int, setup: TrainSetup, *,
+           objective: str = "throughput", top: int = 5, recompute_modes=("none", "selective", "full")) -> SearchResult:
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"unknown objective {objective!r}; use {' or '.join(OBJECTIVES)}.")
+    result = SearchResult(ranked=[], objective=objective)
+    plans: list[Plan] = []
+    for base in candidate_layouts(spec, n_devices, setup):
+        fitted = False
+        for rec in recompute_modes:
+            result.considered += 1
+            layout = replace(base, recompute=rec)
+            try:
+                check_layout(spec, layout, setup)
+            except ConfigError:
+                result.invalid += 1
+                break
+            plan = predict(spec, acc, layout, setup, check=False)
+            if plan.fits:
+                plans.append(plan)
+                fitted = True
+                break                  # more recomputation would only be slower
+        if not fitted:
+            result.not_fitting += 1
+    plans.sort(key=lambda p: _score(p, objective))
+    result.ranked = plans[:top]
+    result.why = explain_winner(plans, objective)
+    return result
+
+
+_REASONS = {"compute": "compute", "memory_bound": "memory-bound ops", "tp_comm": "tensor-parallel communication",
+            "pipeline_bubble": "pipeline bubble", "pp_comm": "pipeline transfers",
+            "dp_comm_exposed": "exposed data-parallel communication", "optimizer": "optimizer step"}
+
+
+def explain_winner(plans: list[Plan], objective: str) -> list[str]:
+    """Sentences on why the best plan beats the best plan of a *different* layout family."""
+    if not plans:
+        return []
+    best = plans[0]
+    lines = [f"best: {best.layout_detail.describe()} -> {best.tokens_per_s_per_device:,.0f} tokens/s/device, "
+             f"MFU {best.mfu:.1%}, {best.memory_bytes['total'] / 2**30:,.1f} GiB of "
+             f"{best.memory_limit_bytes / 2**30:,.1f} GiB usable."]
+    rival = next((p for p in plans[1:] if p.layout != best.layout), None)
+    if rival is None:
+        return lines
+    gain = rival.step_time_s / best.step_time_s - 1
+    lines.append(f"it beats the best '{rival.layout}' layout ({rival.layout_detail.describe()}) by {gain:.1%} "
+                 "in step time" + (" per dollar" if objective == "cost" else "") + ".")
+    diffs = sorted(((rival.time_breakdown_s[k] - best.time_breakdown_s[k], k) for k in best.time_breakdown_s),
+                   reverse=True)
+    saved = [f"{_REASONS[k]} {best.time_breakdown_s[k]:.3g} s vs {rival.time_breakdown_s[k]:.3g} s"
+             for d, k in diffs[:2] if d > 0.01 * rival.step_time_s]
+    if saved:
+        lines.append("where the time goes differently: " + "; ".join(saved) + ".")
+    return lines
+
+
+def cheapest_for_deadline(spec: ModelSpec, tokens: float, deadline_s: float, setup: TrainSetup, *,
+                          accelerators: list[Accelerator], max_devices: int = 16384) -> list[tuple[Plan, float]]:
+    """For each accelerator with a price: the smallest power-of-two device count whose best
+    layout trains ``tokens`` within ``deadline_s`` (and the next count, if cheaper).
+    Returns [(plan, cost_usd)] cheapest first."""
+    found: list[tuple[Plan, float]] = []
+    for acc in accelerators:
+        price = setup.price_per_hour or acc.price_usd_per_gpu_hour
+        if not price or not acc.peak_flops_per_s(_compute_dtype(setup.precision)):
+            continue
+        best: tuple[Plan, float] | None = None
+        n = 1
+        while n <= max_devices:
+            res = search(spec, acc, n, setup, top=1)
+            if res.ranked:
+                plan = res.ranked[0]
+                train_s = tokens / plan.tokens_per_s
+                if train_s <= deadline_s:
+                    cost = train_s / 3600 * n * price
+                    if best is not None:           # one doubling past the first success, then stop
+                        best = min(best, (plan, cost), key=lambda pc: pc[1])
+                        break
+                    best = (plan, cost)
+            n *= 2
+        if best is not None:
+            plan, cost = best
+            plan.time_to_train_s = tokens / plan.tokens_per_s
+            plan.gpu_hours = plan.time_to_train_s * plan.n_devices / 3600
+            plan.price_per_gpu_hour = price
+            plan.cost_usd = cost
+            found.append(best)
+    found.sort(key=lambda pc: pc[1])
+    return found
+
+
+def _compute_dtype(precision_name: str) -> str:
+    from tensorpilot.plan.memory import precision
+
+    return precision(precision_name).compute
+
+
+def parse_duration_s(text: str) -> float:
+    """'14d', '36h', '90m', '3600s' or a number of seconds -> seconds."""
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1, "w": 7 * 86400}
+    t = text.strip().lower()
+    try:
+        if t and t[-1] in units:
+            value = float(t[:-1]) * units[t[-1]]
+        else:
+            value = float(t)
+    except ValueError:
+        raise ConfigError(f"cannot read duration {text!r}; write e.g. 14d, 36h or 90m.") from None
+    if not value > 0 or math.isinf(value):
+        raise ConfigError(f"duration {text!r} must be positive.")
+    return value

@@ -1,0 +1,157 @@
+"""Time of a training step: a roofline per op class plus alpha-beta collectives. Pure functions.
+
+Op classes and how each is timed on one device (rates from the catalog x calibration):
+- weight GEMMs: max(FLOPs / (MAMF x size efficiency), bytes / bandwidth, kernel floor);
+- attention core: flash -> FLOPs at the fused-attention rate (backward 2.5x the forward);
+  materialised -> two batched GEMMs per head (memory bound at head_dim 64-128) + softmax/dropout
+  traffic over the a x s x s scores;
+- elementwise (norms, residuals, activation, dropout): bytes / bandwidth;
+- collectives: ring all-reduce moves 2 (n-1)/n of the buffer through each link, all-gather and
+  reduce-scatter (n-1)/n (Patarasuk & Yuan 2009; NCCL's "bus bandwidth"), each of 2 (n-1) or
+  (n-1) steps paying the latency alpha.
+Pipeline schedules (Narayanan et al. 2021, section 2.2): GPipe and 1F1B take (m + p - 1) stage
+slots, a bubble fraction (p - 1) / (m + p - 1) of the step; interleaving with v chunks shrinks
+the bubble to (p - 1) / v slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tensorpilot.plan import calibration as cal
+from tensorpilot.plan.flops import attention_core_flops, layer_gemms
+from tensorpilot.plan.models import ModelSpec
+
+__all__ = ["DeviceRates", "allgather_time_s", "allreduce_time_s", "bubble_fraction", "gemm_time_s",
+           "layer_times", "pipeline_time_s", "reducescatter_time_s", "ring_allreduce_bytes_factor"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRates:
+    """Achievable rates of one device (datasheet x calibration), SI units."""
+
+    matmul_flops_per_s: float        # large-GEMM ceiling in the compute dtype
+    mem_bytes_per_s: float           # streaming HBM bandwidth
+    link_bytes_per_s: float          # intra-node collective bus bandwidth per device, one direction
+    internode_bytes_per_s: float     # scale-out bandwidth per device, one direction
+    attention_flops_per_s: float     # fused (flash) attention, forward + backward
+    gpus_per_node: int = cal.GPUS_PER_NODE
+
+
+def gemm_time_s(m: int, k: int, n: int, rates: DeviceRates, elem_bytes: float) -> float:
+    """One (m, k) @ (k, n) matmul: roofline with a size-dependent compute efficiency."""
+    flops = 2 * m * k * n
+    smallest = min(m, k, n)
+    efficiency = smallest / (smallest + cal.GEMM_HALF_SATURATION_DIM)
+    compute = flops / (rates.matmul_flops_per_s * efficiency)
+    traffic = elem_bytes * (m * k + k * n + m * n) / rates.mem_bytes_per_s
+    return max(compute, traffic, cal.KERNEL_FLOOR_S)
+
+
+# ------------------------------------------------------------------------------ collectives
+
+def ring_allreduce_bytes_factor(n: int) -> float:
+    """Bytes each device sends per byte of buffer in a ring all-reduce: 2 (n - 1) / n."""
+    return 2 * (n - 1) / n if n > 1 else 0.0
+
+
+def allreduce_time_s(nbytes: float, n: int, bw_bytes_per_s: float, alpha_s: float) -> float:
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) * alpha_s + ring_allreduce_bytes_factor(n) * nbytes / bw_bytes_per_s
+
+
+def allgather_time_s(nbytes: float, n: int, bw_bytes_per_s: float, alpha_s: float) -> float:
+    """All-gather of an ``nbytes`` full buffer (each device holds nbytes / n): (n-1)/n x nbytes."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) * alpha_s + (n - 1) / n * nbytes / bw_bytes_per_s
+
+
+reducescatter_time_s = allgather_time_s      # same traffic pattern, reversed
+
+
+def group_link(rates: DeviceRates, size: int, stride: int) -> tuple[float, float]:
+    """(bandwidth, alpha) of a process group of ``size`` ranks spaced ``stride`` apart when ranks
+    fill nodes in order: it stays on the intra-node link when size x stride fits in a node,
+    else every device's share of the network is the bottleneck."""
+    if size * stride <= rates.gpus_per_node:
+        return rates.link_bytes_per_s, cal.ALPHA_INTRA_S
+    return min(rates.link_bytes_per_s, rates.internode_bytes_per_s), cal.ALPHA_INTER_S
+
+
+# ------------------------------------------------------------------------------ one layer
+
+@dataclass(frozen=True, slots=True)
+class LayerTimes:
+    """Seconds for one block, one micro-batch, one device."""
+
+    gemm_fwd_s: float
+    attention_fwd_s: float
+    attention_bwd_s: float
+    elementwise_fwd_s: float
+    tp_comm_per_collective_s: float
+
+    @property
+    def forward_s(self) -> float:
+        return self.gemm_fwd_s + self.attention_fwd_s + self.elementwise_fwd_s
+
+    @property
+    def backward_s(self) -> float:
+        # every weight GEMM has two backward GEMMs of its size; elementwise traffic doubles
+        return 2 * self.gemm_fwd_s + self.attention_bwd_s + 2 * self.elementwise_fwd_s
+
+
+def elementwise_bytes_per_token(spec: ModelSpec, *, tp: int, sequence_parallel: bool, e: float) -> float:
+    """Forward traffic of the memory-bound ops of one block, per token, one device.
+
+    Each op reads its inputs and writes its output once: norms 2h each, residual adds 3h each,
+    activation 2f (GeLU) or 3f (SwiGLU: gate, up -> product), dropout 2h + 1-byte mask each.
+    Norms, residuals and dropouts run on every TP rank unless sequence-parallel.
+    """
+    h, f = spec.hidden, spec.ffn_hidden
+    replicated = (2 * h + 3 * h) * 2 * e + (2 * (2 * h * e + h) if spec.dropout else 0)
+    split = (3 if spec.mlp == "swiglu" else 2) * f * e
+    return (replicated / (tp if sequence_parallel else 1) + split / tp) * cal.ELEMENTWISE_TRAFFIC_FACTOR
+
+
+def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batch: int, tp: int,
+                sequence_parallel: bool, attention: str, e: float) -> LayerTimes:
+    tokens = seq_len * micro_batch
+    gemm = sum(gemm_time_s(g.m, g.k, g.n, rates, e) for g in layer_gemms(spec, tokens, tp))
+    if attention == "flash":
+        flops = attention_core_flops(spec, micro_batch, seq_len, "causal" if spec.causal else "full") / tp
+        att_f = max(flops / rates.attention_flops_per_s, cal.KERNEL_FLOOR_S)
+        att_b = cal.FLASH_BACKWARD_RATIO * att_f
+    else:
+        # per head: (s, d) @ (d, s) scores and (s, s) @ (s, d) output, b a / t heads per device
+        d, heads = spec.head_dim, micro_batch * spec.heads / tp
+        bmm = heads * (gemm_time_s(seq_len, d, seq_len, rates, e) + gemm_time_s(seq_len, seq_len, d, rates, e))
+        # softmax reads/writes the scores (e each way); dropout reads, writes and masks them
+        score_bytes = heads * seq_len * seq_len * (2 * e + ((2 * e + 1) if spec.dropout else 0))
+        soft = score_bytes * cal.ELEMENTWISE_TRAFFIC_FACTOR / rates.mem_bytes_per_s
+        att_f = bmm + soft
+        att_b = 2 * bmm + 2 * soft
+    ew = tokens * elementwise_bytes_per_token(spec, tp=tp, sequence_parallel=sequence_parallel, e=e) \
+        / rates.mem_bytes_per_s
+    # one TP collective: all-reduce of the (tokens, h) block output (with sequence parallelism a
+    # reduce-scatter + all-gather pair: the same bytes), inside a node
+    bw, alpha = group_link(rates, tp, 1)
+    comm = allreduce_time_s(tokens * spec.hidden * e, tp, bw, alpha)
+    return LayerTimes(gemm, att_f, att_b, ew, comm)
+
+
+# ------------------------------------------------------------------------------ pipeline
+
+def bubble_fraction(pp: int, n_micro: int, schedule: str = "1f1b", virtual_stages: int = 1) -> float:
+    """Idle fraction of a pipelined step: (p - 1) / (m + p - 1); interleaved: (p-1)/v slots."""
+    if pp <= 1:
+        return 0.0
+    idle = (pp - 1) / (virtual_stages if schedule == "interleaved" else 1)
+    return idle / (n_micro + idle)
+
+
+def pipeline_time_s(stage_micro_s: float, pp: int, n_micro: int, schedule: str = "1f1b",
+                    virtual_stages: int = 1) -> float:
+    """Time of ``n_micro`` micro-batches through ``pp`` stages, each taking ``stage_micro_s``."""
+    return stage_micro_s * n_micro / (1 - bubble_fraction(pp, n_micro, schedule, virtual_stages))

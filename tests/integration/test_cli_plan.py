@@ -1,0 +1,74 @@
+"""`tensorpilot plan` end to end: readable output, --json, search, deadline, validate, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+REFERENCE = Path(__file__).parents[1] / "unit" / "data" / "published_runs.csv"
+
+
+def test_plan_json_has_the_promised_fields(tmp_path):
+    proc = run_cli("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq-len", "8192",
+                   "--global-batch", "16", "--precision", "bf16", "--recompute", "selective",
+                   "--sharding", "fsdp", "--tokens", "1e12", "--json", cwd=tmp_path, check=True)
+    d = json.loads(proc.stdout)
+    for key in ("memory_bytes", "fits", "step_time_s", "tokens_per_s_per_device", "mfu", "time_to_train_s",
+                "cost_usd", "energy_kwh"):
+        assert d[key] is not None, key
+    parts = {k: v for k, v in d["memory_bytes"].items() if k != "total"}
+    assert d["memory_bytes"]["total"] == pytest.approx(sum(parts.values()))
+    assert d["layout"] == "fsdp" and d["fits"] is True
+
+
+def test_plan_readable_output(tmp_path):
+    proc = run_cli("plan", "--model", "gpt2", "--gpu", "a100-sxm4-80gb", "--gpus", "1", "--global-batch", "8",
+                   cwd=tmp_path, check=True)
+    assert "fits" in proc.stdout and "MFU" in proc.stdout and "step time" in proc.stdout
+
+
+def test_search_and_deadline(tmp_path):
+    proc = run_cli("plan", "--search", "--model", "llama3.1-405b", "--gpus", "16384", "--seq-len", "8192",
+                   "--global-batch", "2048", "--json", cwd=tmp_path, check=True)
+    d = json.loads(proc.stdout)
+    assert d["ranked"] and d["search_s"] < 5 and d["why"]
+    proc = run_cli("plan", "--deadline", "14d", "--tokens", "1e12", "--model", "llama3-8b", cwd=tmp_path, check=True)
+    assert "recommendation:" in proc.stdout
+
+
+def test_validate_reference_file(tmp_path):
+    proc = run_cli("plan", "validate", str(REFERENCE), "--json", cwd=tmp_path, check=True)
+    d = json.loads(proc.stdout)
+    assert len(d["rows"]) == 43
+    assert d["summary"]["memory"]["median_abs_error"] <= 0.10
+    assert d["summary"]["step_time"]["median_abs_error"] <= 0.10
+    assert d["summary"]["throughput"]["median_abs_error"] <= 0.10
+    proc = run_cli("plan", "validate", str(REFERENCE), cwd=tmp_path, check=True)
+    assert "| MEG-01 |" in proc.stdout and "median abs error" in proc.stdout
+
+
+def test_inference_and_hf_config(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12,
+                               "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522}))
+    proc = run_cli("plan", "--hf-config", str(cfg), "--inference", "--batch", "4", "--context", "512", "--json",
+                   cwd=tmp_path, check=True)
+    assert json.loads(proc.stdout)["fits"] is True
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "llama3-9b"], "did you mean llama3-8b"),
+    (["--gpu", "h100-sxn"], "did you mean h100-sxm"),
+    (["--gpus", "6", "--tp", "3"], "does not divide the 32 attention heads"),
+    (["--gpus", "8", "--tp", "2", "--pp", "2", "--dp", "4"], "does not equal --gpus 8"),
+    (["--gpus", "8", "--global-batch", "12", "--micro-batch", "2"], "does not divide the global batch 12"),
+    (["validate", "/no/such.csv"], "does not exist"),
+    (["--deadline", "14d"], "needs --tokens"),
+])
+def test_bad_input_is_one_sentence(args, needle, tmp_path):
+    proc = run_cli("plan", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr + proc.stdout

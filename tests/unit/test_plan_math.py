@@ -1,0 +1,115 @@
+"""Planner formulas against hand arithmetic and published numbers (independent references)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensorpilot.errors import ConfigError
+from tensorpilot.plan import memory as mem
+from tensorpilot.plan import timing as tm
+from tensorpilot.plan.flops import hardware_flops, train_flops
+from tensorpilot.plan.models import get_model
+
+
+def test_weights_of_a_7b_model():
+    # 7e9 x 4 bytes = 28 GB in fp32; x 2 bytes = 14 GB in bf16 (seed document arithmetic)
+    assert mem.weights_bytes(7e9, "fp32") == 28e9
+    assert mem.weights_bytes(7e9, "bf16") == 14e9
+
+
+@pytest.mark.parametrize("stage,gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_model_states(stage, gb):
+    # Rajbhandari et al. 2020, Fig. 1: 7.5B params, 64 GPUs, mixed-precision Adam (K = 12):
+    # stage 0: 16 x 7.5 = 120 GB; 1: (2 + 2 + 12/64) x 7.5 = 31.4; 2: (2 + 14/64) x 7.5 = 16.6;
+    # 3: 16/64 x 7.5 = 1.875 ~ 1.9
+    states = mem.model_state_bytes(7.5e9, mem.precision("fp16"), zero_stage=stage, dp=64)
+    assert sum(states.values()) / 1e9 == pytest.approx(gb, abs=0.05)
+
+
+@pytest.mark.parametrize("p,m", [(1, 8), (4, 8), (8, 64), (35, 280)])
+def test_pipeline_bubble(p, m):
+    assert tm.bubble_fraction(p, m) == pytest.approx((p - 1) / (m + p - 1))
+    # the pipeline takes (m + p - 1) slots of one micro-batch
+    assert tm.pipeline_time_s(1.0, p, m) == pytest.approx(m + p - 1)
+
+
+def test_interleaved_bubble_shrinks_by_chunks():
+    # Narayanan et al. 2021: bubble (p - 1) / v slots with v model chunks per device
+    assert tm.pipeline_time_s(1.0, 8, 64, "interleaved", 4) == pytest.approx(64 + 7 / 4)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 64])
+def test_ring_allreduce_bytes_factor(n):
+    assert tm.ring_allreduce_bytes_factor(n) == pytest.approx(2 * (n - 1) / n)
+    # time without latency: factor x bytes / bandwidth
+    assert tm.allreduce_time_s(1e9, n, 1e11, 0.0) == pytest.approx(2 * (n - 1) / n * 1e-2)
+
+
+def test_korthikanti_activation_formulas():
+    # Korthikanti et al. 2022, Table 2, per layer: s b h (34 + 5 a s / h) without parallelism;
+    # with tp t: s b h (10 + 24/t + 5 a s / (h t)); sp + selective: 34 s b h / t; full: 2 s b h
+    spec = get_model("gpt3-175b")
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    sbh = s * b * h
+    kw = dict(seq_len=s, micro_batch=b, attention="materialized")
+    assert mem.layer_activation_bytes(spec, **kw) == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert mem.layer_activation_bytes(spec, tp=t, **kw) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert mem.layer_activation_bytes(spec, tp=t, sequence_parallel=True, recompute="selective", **kw) == \
+        pytest.approx(34 * sbh / t)
+    assert mem.layer_activation_bytes(spec, recompute="full", **kw) == pytest.approx(2 * sbh)
+
+
+def test_megatron_flops_formula():
+    # Narayanan et al. 2021: 96 B s L h^2 (1 + s/(6h) + V/(16 L h)) with full recomputation,
+    # 72 B s L h^2 (1 + s/(6h) + V/(12 L h)) without; GPT with 4h MLP
+    spec = get_model("megatron-18.4b")
+    B, s, L, h, V = 4, 2048, 40, 6144, 51200
+    assert hardware_flops(spec, B, s, "full") == pytest.approx(96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h)))
+    assert train_flops(spec, B, s) == pytest.approx(72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h)))
+
+
+def test_llama_parameter_counts_match_published():
+    # Meta: Llama 3 8B 8.03B, Llama 3.1 405B 405.9B (config.json shapes), Llama 2 70B 69.0B
+    assert get_model("llama3-8b").n_params / 1e9 == pytest.approx(8.03, abs=0.01)
+    assert get_model("llama3.1-405b").n_params / 1e9 == pytest.approx(405.9, abs=0.1)
+    assert get_model("llama2-70b").n_params / 1e9 == pytest.approx(68.98, abs=0.01)
+    # Hugging Face: bert-base-uncased 109,482,240; gpt2 124,439,808
+    assert get_model("bert-base").n_params == 109_482_240
+    assert get_model("gpt2").n_params == 124_439_808
+
+
+def test_kv_cache_of_llama2_7b():
+    # 2 (K, V) x 32 layers x 4096 x 2 bytes = 512 KiB per token; 4096 tokens -> 2 GiB
+    assert mem.kv_cache_bytes(get_model("llama2-7b"), batch=1, context=4096) == 2 * 2**30
+
+
+def test_unknown_model_suggests_closest():
+    with pytest.raises(ConfigError, match="did you mean llama3-8b"):
+        get_model("llama3-8")
+
+
+def test_hf_config_llama(tmp_path):
+    import json
+
+    cfg = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+           "max_position_embeddings": 8192, "hidden_act": "silu", "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    from tensorpilot.plan.models import model_spec_from_hf_config
+
+    spec = model_spec_from_hf_config(path)
+    assert spec.mlp == "swiglu" and spec.kv_dim == 1024
+    assert spec.n_params == get_model("llama3-8b").n_params
+
+
+def test_hf_config_gpt2_matches_preset(tmp_path):
+    import json
+
+    cfg = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+           "n_positions": 1024, "activation_function": "gelu_new", "resid_pdrop": 0.1}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    from tensorpilot.plan.models import model_spec_from_hf_config
+
+    assert model_spec_from_hf_config(path).n_params == 124_439_808
