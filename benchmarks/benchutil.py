@@ -104,3 +104,26 @@ def quartiles(xs: list[float]) -> tuple[float, float] | None:
         return None
     q = statistics.quantiles(xs, n=4, method="inclusive")
     return q[0], q[2]
+
+
+def quiet_trainer(run_dir: str, *, model: str = "gpt", size: str = "tiny", batch: int, accum: int = 1,
+                  workers: int = 0, precision: str = "auto", compile: str = "off", ac: bool = False,
+                  steps: int = 500):
+    """A set-up tensorpilot Trainer for timing steps: no evaluation, checkpoints, TensorBoard or
+    progress output. ``steps`` is the planned run length (compile=auto decides on it)."""
+    from rich.console import Console
+
+    from tensorpilot import RunConfig, Trainer
+
+    cfg = RunConfig()
+    cfg.model.name = model
+    if model == "gpt":
+        cfg.model.size = size
+    cfg.data.batch_size, cfg.engine.grad_accum, cfg.data.num_workers = batch, accum, workers
+    cfg.engine.precision, cfg.engine.compile, cfg.engine.activation_checkpointing = precision, compile, ac
+    cfg.train.steps, cfg.train.eval_interval = steps, 10**9
+    cfg.checkpoint.enabled, cfg.logging.tensorboard, cfg.logging.progress = False, False, "off"
+    cfg.run_dir = run_dir
+    t = Trainer(cfg, console=Console(quiet=True))
+    t.setup()
+    return t

@@ -33,21 +33,10 @@ HERE = Path(__file__).resolve().parent
 
 def worker(size: str, precision: str, batch_size: int, rounds: int) -> dict:
     """Runs inside the child process (its inductor cache dir is set by the parent)."""
-    from rich.console import Console
-
-    from benchutil import LoadMeter, median
-    from tensorpilot import RunConfig, Trainer
+    from benchutil import LoadMeter, median, quiet_trainer
 
     def trainer(compile: str, run_dir: str):
-        cfg = RunConfig()
-        cfg.model.size, cfg.data.batch_size = size, batch_size
-        cfg.engine.precision, cfg.engine.compile = precision, compile
-        cfg.train.steps, cfg.train.eval_interval = 500, 10**9
-        cfg.checkpoint.enabled, cfg.logging.tensorboard, cfg.logging.progress = False, False, "off"
-        cfg.run_dir = run_dir
-        t = Trainer(cfg, console=Console(quiet=True))
-        t.setup()
-        return t
+        return quiet_trainer(run_dir, size=size, batch=batch_size, precision=precision, compile=compile)
 
     def step(t) -> tuple[float, float | None]:
         with LoadMeter() as m:

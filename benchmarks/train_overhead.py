@@ -36,25 +36,9 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from benchutil import LoadMeter, machine, median
+from benchutil import LoadMeter, machine, median, quiet_trainer
 
 QUIET = 0.15          # a step is "quiet" when other processes used < 15% of the machine meanwhile
-
-
-def tp_trainer(size: str, batch: int, precision: str, compile_mode: str, steps: int, run_dir: str):
-    from rich.console import Console
-
-    from tensorpilot import RunConfig, Trainer
-
-    cfg = RunConfig()
-    cfg.model.size, cfg.data.batch_size = size, batch
-    cfg.engine.precision, cfg.engine.compile = precision, compile_mode
-    cfg.train.steps, cfg.train.eval_interval = steps, 10**9
-    cfg.checkpoint.enabled, cfg.logging.tensorboard, cfg.logging.progress = False, False, "off"
-    cfg.run_dir = run_dir
-    t = Trainer(cfg, console=Console(quiet=True))
-    t.setup()
-    return t
 
 
 class HandLoop:
@@ -121,8 +105,10 @@ def main(argv=None) -> int:
         return registry.build(cfg.model, cfg.data, 0)
 
     print(f"building arms: gpt {args.size}, batch {args.batch_size}", flush=True)
-    tp = tp_trainer(args.size, args.batch_size, "bf16", "on", args.steps, f"{tmp}/tp")
-    auto = tp_trainer(args.size, args.batch_size, "auto", "auto", args.steps, f"{tmp}/auto")
+    tp = quiet_trainer(f"{tmp}/tp", size=args.size, batch=args.batch_size, precision="bf16", compile="on",
+                       steps=args.steps)
+    auto = quiet_trainer(f"{tmp}/auto", size=args.size, batch=args.batch_size, precision="auto",
+                         compile="auto", steps=args.steps)
     hand = HandLoop(fresh_workload(), args.batch_size, bf16=True, compiled=True, steps=args.steps)
     tutorial = HandLoop(fresh_workload(), args.batch_size, bf16=False, compiled=False, steps=args.steps,
                         clip=None, tutorial=True)

@@ -4,6 +4,7 @@ on stderr and a non-zero exit (2 for usage errors, like argparse); bugs keep the
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import typing
 from typing import Any
@@ -11,12 +12,24 @@ from typing import Any
 from tensorpilot import __version__
 from tensorpilot.errors import TensorpilotError
 
+# Subcommands that live with their component. Each module defines
+# ``register(sub) -> dict[name, ArgumentParser]`` (argparse only; heavy imports stay inside the
+# command functions so `tensorpilot --help` stays fast). One line per component.
+COMPONENT_COMMANDS = (
+    "tensorpilot.serve.command",
+    "tensorpilot.parallel.command",
+    "tensorpilot.plan.command",
+)
+
 # Short flags scripts can rely on -> the setting they set.
 ALIASES = {
     "--model": "model.name", "--size": "model.size", "--steps": "train.steps",
     "--run-dir": "run_dir", "--precision": "engine.precision", "--compile": "engine.compile",
     "--device": "train.device", "--batch-size": "data.batch_size", "--lr": "optim.lr",
     "--data": "data.path", "--seed": "train.seed",
+    "--optimize": "engine.optimize", "--tune-budget": "engine.tune_budget",
+    "--nproc": "parallel.nproc", "--nnodes": "parallel.nnodes", "--node-rank": "parallel.node_rank",
+    "--rdzv-endpoint": "parallel.rdzv_endpoint", "--max-restarts": "parallel.max_restarts",
 }
 
 
@@ -84,7 +97,8 @@ def build_config(args: argparse.Namespace):
         target = args.resume if args.resume != "latest" else given.get("run_dir")
         if target:
             saved = ckpt_io.read_meta(ckpt_io.find_checkpoint(target)).get("config", {})
-            apply_mapping(cfg, {k: v for k, v in saved.items() if k not in ("run_dir", "resume")},
+            # the layout belongs to this invocation: a checkpoint resumes at any world size
+            apply_mapping(cfg, {k: v for k, v in saved.items() if k not in ("run_dir", "resume", "parallel")},
                           source="checkpoint: ")
         cfg.resume = args.resume
     if args.config:
@@ -100,6 +114,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         print(to_toml(cfg), end="")
         return 0
+    from tensorpilot.parallel.launch import launch_train, wants_launch
+
+    if wants_launch(cfg):                       # --nproc N / --nnodes: start the workers via torchrun
+        return launch_train(cfg)
     from tensorpilot.training.trainer import Trainer
 
     Trainer(cfg).fit()
@@ -188,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--json", action="store_true", help="Print machine-readable JSON.")
     hw.set_defaults(func=cmd_hw)
     parser._subcommands = {"train": tr, "generate": ge, "hw": hw}
+    for module_name in COMPONENT_COMMANDS:
+        parser._subcommands.update(importlib.import_module(module_name).register(sub))
     return parser
 
 

@@ -143,10 +143,20 @@ class EngineConfig:
     activation_checkpointing: bool = _f(False, "Recompute each block's activations in backward "
                                         "(less memory, ~1/3 more compute).")
     grad_accum: int = _f(1, "Micro-batches accumulated per optimizer step.")
+    optimize: Literal["off", "auto"] = _f(
+        "off", "auto: choose precision, micro-batch x accumulation (at the global batch "
+        "data.batch_size x grad_accum), activation checkpointing and compilation by prediction, "
+        "then brief measured trials; see docs/autotune.md.")
+    tune_budget: float = _f(0.0, "optimize=auto: seconds the trials may take (0: a tenth of the run "
+                            "at the first trial's speed).")
+    tune_cache: bool = _f(True, "optimize=auto: reuse the choice cached for this model, batch "
+                          "and machine instead of trying again.")
 
     def validate(self) -> None:
         if self.grad_accum <= 0:
             raise ConfigError(f"engine.grad_accum must be a positive integer, got {self.grad_accum}.")
+        if self.tune_budget < 0:
+            raise ConfigError(f"engine.tune_budget must not be negative, got {self.tune_budget}.")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -194,6 +204,51 @@ class LoggingConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ParallelConfig:
+    """How one run is spread over processes (layout) and how those processes are launched.
+    The layout names (dp, tp, pp, sharding) are the planner's; see docs/distributed.md."""
+
+    dp: int = _f(0, "Data-parallel degree (0: all processes not used by tp x pp).")
+    tp: int = _f(1, "Tensor-parallel degree (built-in gpt: column/row-wise DTensor plan).")
+    pp: int = _f(1, "Pipeline-parallel degree: the gpt's blocks split into this many stages.")
+    sharding: Literal["ddp", "fsdp"] = _f(
+        "ddp", "Data parallelism: ddp replicates the model and all-reduces gradients in buckets; "
+        "fsdp shards parameters, gradients and optimizer state per block (FSDP2 fully_shard).")
+    reshard_after_forward: bool = _f(True, "fsdp: free gathered parameters after forward "
+                                     "(less memory, one more all-gather in backward).")
+    param_dtype: Literal["auto", "fp32", "bf16", "fp16"] = _f(
+        "auto", "fsdp: dtype parameters are gathered and computed in (auto: the run's precision); "
+        "gradients are reduced in fp32.")
+    cpu_offload: bool = _f(False, "fsdp: keep sharded parameters and optimizer state in host memory.")
+    sequence_parallel: bool = _f(False, "tp: also shard LayerNorm/dropout activations along the sequence.")
+    pp_schedule: Literal["gpipe", "1f1b"] = _f("1f1b", "pp: pipeline schedule.")
+    pp_microbatches: int = _f(0, "pp: micro-batches per batch (0: twice the stages); must divide "
+                              "data.batch_size.")
+    bucket_mb: float = _f(25.0, "ddp: gradient bucket size in MiB (all-reduce overlaps backward per bucket).")
+    timeout_s: float = _f(300.0, "Seconds a collective or the rendezvous may wait before the run "
+                          "stops with an error instead of hanging.")
+    nproc: int = _f(1, "Processes per node; above 1, train re-launches itself through torchrun.")
+    nnodes: str = _f("1", "Nodes (or MIN:MAX for elastic runs).")
+    node_rank: int = _f(0, "This node's rank (static rendezvous without --rdzv-endpoint).")
+    rdzv_endpoint: str = _f("", "Rendezvous host:port shared by all nodes (default: this host, a free port).")
+    max_restarts: int = _f(0, "Restart the whole group this many times after a worker fails; each "
+                           "restart resumes from the newest checkpoint.")
+
+    def validate(self) -> None:
+        for key in ("tp", "pp", "nproc"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"parallel.{key} must be a positive integer, got {getattr(self, key)}.")
+        if self.dp < 0 or self.pp_microbatches < 0 or self.max_restarts < 0 or self.node_rank < 0:
+            raise ConfigError("parallel.dp, parallel.pp_microbatches, parallel.max_restarts and "
+                              "parallel.node_rank must not be negative.")
+        if self.timeout_s <= 0 or self.bucket_mb <= 0:
+            raise ConfigError("parallel.timeout_s and parallel.bucket_mb must be positive.")
+        lo, _, hi = self.nnodes.partition(":")
+        if not (lo.isdigit() and int(lo) > 0 and (not hi or (hi.isdigit() and int(hi) >= int(lo)))):
+            raise ConfigError(f"parallel.nnodes must be N or MIN:MAX, got {self.nnodes!r}.")
+
+
+@dataclass(kw_only=True, slots=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -202,6 +257,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     run_dir: str | None = _f(None, "Run directory (default: a new directory under runs/).")
     resume: str | None = _f(None, "Continue from the newest checkpoint of a run directory, or "
                             "from one checkpoint directory.")
@@ -215,7 +271,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-SECTIONS = ("model", "data", "optim", "engine", "train", "checkpoint", "logging")
+SECTIONS = ("model", "data", "optim", "engine", "train", "checkpoint", "logging", "parallel")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,8 +55,8 @@ def gpt_train_flops_formula(*, batch: int, seq_len: int, n_layer: int, d_model: 
 
     forward per layer: qkv 2BT*C*3C + proj 2BT*C*C + mlp 2 * 2BT*C*4C + scores 2BT*T*C + AV 2BT*T*C
     head: 2BT*C*V. Backward of every matmul is two matmuls of the same size -> step = 3 x forward.
+    The formula lives in tensorpilot.plan.flops, shared with the planner.
     """
-    B, T, C = batch, seq_len, d_model
-    per_layer = 2 * B * T * C * 3 * C + 2 * B * T * C * C + 2 * (2 * B * T * C * 4 * C) + 2 * (2 * B * T * T * C)
-    forward = n_layer * per_layer + 2 * B * T * C * vocab
-    return 3 * forward
+    from tensorpilot.plan.flops import gpt_train_flops
+
+    return gpt_train_flops(batch=batch, seq_len=seq_len, n_layer=n_layer, d_model=d_model, vocab=vocab)

@@ -40,6 +40,13 @@ def apply_activation_checkpointing(model: nn.Module) -> tuple[int, int]:
     return len(blocks), skipped
 
 
+def remove_activation_checkpointing(model: nn.Module) -> None:
+    """Undo ``apply_activation_checkpointing`` (autotune trials switch it on and off)."""
+    for block in repeated_blocks(model):
+        if isinstance(block.__dict__.get("forward"), functools.partial):
+            del block.forward                      # the class's forward shows through again
+
+
 # Measured on the 2-core dev CPU (benchmarks/RESULTS.md): compiling the tiny gpt costs ~25 s and
 # saves ~25% of a step; the small gpt ~16 s for ~15%. Compilation repays itself after roughly
 # 100 s of eager training; 'auto' asks for twice that.
@@ -71,5 +78,7 @@ def compile_decision(requested: str, caps: DeviceCaps, remaining_steps: int,
                   "eager, long enough to repay compilation")
 
 
-def apply_compile(model: nn.Module) -> nn.Module:
-    return torch.compile(model)
+def apply_compile(model: nn.Module, mode: str = "default") -> nn.Module:
+    """``mode="reduce-overhead"`` adds CUDA graphs (replaying a step's kernels in one launch):
+    for GPUs with static shapes, where launch overhead dominates small steps."""
+    return torch.compile(model, mode=None if mode == "default" else mode)

@@ -11,16 +11,20 @@ import torch
 
 class ResumableBatches(torch.utils.data.Sampler):
     """Batch k holds sample indices [start + k*B, start + (k+1)*B): infinite, and the whole data
-    position of a run is the single integer ``start`` (samples consumed so far)."""
+    position of a run is the single integer ``start`` (samples consumed so far).
 
-    def __init__(self, batch_size: int, start: int = 0):
-        self.batch_size, self.start = batch_size, start
+    Data parallel: with ``world`` ranks the global batch k is [start + k*B*W, start + (k+1)*B*W)
+    and rank r reads its r-th slice of B. ``start`` counts global samples, so a run resumes at
+    the same data position with any number of ranks."""
+
+    def __init__(self, batch_size: int, start: int = 0, rank: int = 0, world: int = 1):
+        self.batch_size, self.start, self.rank, self.world = batch_size, start, rank, world
 
     def __iter__(self) -> Iterator[list[int]]:
-        s = self.start
+        s = self.start + self.rank * self.batch_size
         while True:
             yield list(range(s, s + self.batch_size))
-            s += self.batch_size
+            s += self.batch_size * self.world
 
 
 def _as_batch(items):
@@ -30,7 +34,8 @@ def _as_batch(items):
     return items
 
 
-def make_loader(dataset, batch_size: int, start: int, num_workers: int, pin_memory: bool, seed: int):
+def make_loader(dataset, batch_size: int, start: int, num_workers: int, pin_memory: bool, seed: int,
+                rank: int = 0, world: int = 1):
     """A loader of endless micro-batches from sample ``start`` on. Finite datasets are cycled
     in a seeded permutation per epoch; a user's own DataLoader is used as given."""
     if isinstance(dataset, torch.utils.data.DataLoader):
@@ -40,7 +45,7 @@ def make_loader(dataset, batch_size: int, start: int, num_workers: int, pin_memo
 
         dataset = ShuffledEpochs(dataset, seed)
     return torch.utils.data.DataLoader(
-        dataset, batch_sampler=ResumableBatches(batch_size, start), num_workers=num_workers,
+        dataset, batch_sampler=ResumableBatches(batch_size, start, rank, world), num_workers=num_workers,
         pin_memory=pin_memory, collate_fn=_as_batch, persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None)
 

@@ -36,6 +36,10 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_kind: str) -> tup
     # weight decay on matrices (linear, embedding, conv weights), not on biases and norm gains
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    # tensor parallelism leaves some parameters plain and makes others DTensors; one foreach/fused
+    # kernel call cannot mix the two, so they go to separate groups (one group per kind otherwise)
+    groups = [{**g, "params": [p for p in g["params"] if hasattr(p, "placements") == dt]}
+              for g in groups for dt in (False, True)]
     groups = [g for g in groups if g["params"]]
     impl = cfg.impl
     if impl == "auto":

@@ -26,13 +26,16 @@ from rich.table import Table
 
 from tensorpilot import __version__
 from tensorpilot.config import RunConfig, to_toml
-from tensorpilot.errors import ConfigError, TrainingAborted
+from tensorpilot.errors import TensorpilotError, ConfigError, TrainingAborted
 from tensorpilot.hardware.device import detect, resolve_device
 from tensorpilot.observe import memory as mem
 from tensorpilot.observe.flops import train_step_flops
 from tensorpilot.observe.logger import MetricsLogger
 from tensorpilot.hardware.peak import device_peak, mfu
 from tensorpilot.observe.progress import TrainProgress
+from tensorpilot.parallel import dcp
+from tensorpilot.parallel.mesh import DistributedError, first_line, is_comm_failure
+from tensorpilot.parallel.runtime import Parallel
 from tensorpilot.training import checkpoint as ckpt_io
 from tensorpilot.training import engine, loader, optim, precision
 from tensorpilot.workloads.base import Workload
@@ -59,6 +62,16 @@ def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> None:
                               f"asks for {current[key]!r}; drop the override or start a new run.")
 
 
+class NullLogger:
+    """Metrics of ranks other than 0: rank 0 writes the run's files."""
+
+    def log(self, step: int, kind: str, values: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Trainer:
     """Train ``workload`` (or the one ``cfg.model`` names) on one device.
 
@@ -74,21 +87,28 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ setup
     def setup(self) -> None:
-        cfg, say = self.cfg, self.console.print
+        cfg = self.cfg
         t_setup = time.perf_counter()
-        self.device = torch.device(resolve_device(cfg.train.device))
+        # one process, or one rank of a torchrun/srun group (joins it here); see parallel/runtime.py
+        self.par = Parallel.init(cfg.parallel, resolve_device(cfg.train.device).split(":")[0])
+        if not self.par.is_main:                        # rank 0 alone talks and writes files
+            self.console = Console(quiet=True)
+        say = self.console.print
+        self.device = self.par.ctx.device or torch.device(resolve_device(cfg.train.device))
         self.caps = detect(str(self.device))
         self.choice = precision.choose(cfg.engine.precision, self.caps)
 
         resume_from = None
+        if self.par.restarted_from(cfg.run_dir) and not cfg.resume:
+            cfg.resume = "latest"                       # torchrun restarted the group after a failure
         if cfg.resume:
             target = cfg.resume if cfg.resume != "latest" else cfg.run_dir
             if not target:
                 raise ConfigError("--resume without a path needs --run-dir to say which run to continue.")
             resume_from = ckpt_io.find_checkpoint(target)
             check_compatible(ckpt_io.read_meta(resume_from).get("config", {}), cfg)
-        self.run_dir = Path(cfg.run_dir) if cfg.run_dir else (
-            resume_from.parent.parent if resume_from else new_run_dir(cfg))
+        self.run_dir = Path(self.par.same_everywhere(str(cfg.run_dir) if cfg.run_dir else str(
+            resume_from.parent.parent if resume_from else new_run_dir(cfg))))
 
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
@@ -111,8 +131,24 @@ class Trainer:
         self.flops_per_step = train_step_flops(self.model, sample[0], sample[1], wl.loss) * cfg.engine.grad_accum
 
         self.frozen = optim.freeze(self.model, cfg.optim.freeze) if cfg.optim.freeze else []
-        self.ac_blocks, ac_skipped = engine.apply_activation_checkpointing(self.model) \
-            if cfg.engine.activation_checkpointing else (0, 0)
+        ac_skipped = 0
+        if self.par.active:
+            if resume_from is not None:                 # saved optimizer index -> parameter name
+                self._opt_names = dcp.optimizer_names(self.model, optim.build_optimizer(
+                    self.model, cfg.optim, self.device.type)[0])
+            # pipeline split -> tensor parallel -> activation checkpointing -> compile (per block)
+            # -> FSDP/DDP, in that fixed order (reasons in parallel/runtime.py)
+            self.compiled = cfg.engine.compile == "on"
+            self.compile_reason = ("compile on as requested (per block)" if self.compiled else
+                                   "not compiling a distributed run (ask with --compile on)")
+            self.model, self.dist_model, self.ac_blocks = self.par.parallelize(
+                self.model, activation_checkpointing=cfg.engine.activation_checkpointing,
+                compile=bool(self.compiled), precision_dtype=self.choice.name if self.choice.name in
+                ("bf16", "fp16") else "fp32", batch_size=cfg.data.batch_size, loss_fn=wl.loss,
+                grad_accum=cfg.engine.grad_accum, device=self.device)
+        else:
+            self.ac_blocks, ac_skipped = engine.apply_activation_checkpointing(self.model) \
+                if cfg.engine.activation_checkpointing else (0, 0)
         if ac_skipped:
             say(f"  activation checkpointing skips {ac_skipped} blocks with BatchNorm (recomputing "
                 "them would update running statistics twice)")
@@ -128,18 +164,17 @@ class Trainer:
                 raise ConfigError(f"the checkpoint is already at step {self.step}: ask for more "
                                   f"with --steps (now {cfg.train.steps}).")
 
-        self.compiled, self.compile_reason = engine.compile_decision(
-            cfg.engine.compile, self.caps, cfg.train.steps - self.step)
+        if not self.par.active:
+            self.compiled, self.compile_reason = engine.compile_decision(
+                cfg.engine.compile, self.caps, cfg.train.steps - self.step)
         self._set_compiled(bool(self.compiled))
 
-        pin = self.device.type == "cuda"
-        self.batches = loader.DevicePrefetcher(
-            loader.make_loader(wl.train_data, cfg.data.batch_size, self.samples_seen,
-                               cfg.data.num_workers, pin, cfg.train.seed), self.device)
+        self.rebuild_batches()
 
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(to_toml(cfg))
-        self.metrics = MetricsLogger(self.run_dir, cfg.logging.tensorboard)
+        if self.par.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.toml").write_text(to_toml(cfg))
+        self.metrics = MetricsLogger(self.run_dir, cfg.logging.tensorboard) if self.par.is_main else NullLogger()
         self.setup_s = time.perf_counter() - t_setup
 
         say(f"[bold]tensorpilot[/] {wl.kind} ({self.n_params / 1e6:.2f}M parameters) on "
@@ -150,8 +185,36 @@ class Trainer:
             f"cosine to {cfg.optim.min_lr_ratio:g}x; batch {cfg.data.batch_size} x {cfg.engine.grad_accum} "
             f"micro-batches" + (f"; activation checkpointing on {self.ac_blocks} blocks" if self.ac_blocks else "")
             + (f"; {len(self.frozen)} frozen tensors" if self.frozen else ""))
+        if self.par.active:
+            say(f"  parallel:  {escape(self.par.describe())}")
         if resume_from is not None:
             say(f"  resumed:   {resume_from} (step {self.step})")
+
+    def rebuild_batches(self) -> None:
+        """(Re)start the device-prefetched loader at ``samples_seen`` with the current micro-batch
+        and workers (autotune changes them between trials; the sample order stays the same)."""
+        cfg, pin = self.cfg, self.device.type == "cuda"
+        # data-parallel rank r of dp reads its B samples of every global batch of B * dp
+        self.batches = loader.DevicePrefetcher(
+            loader.make_loader(self.workload.train_data, cfg.data.batch_size, self.samples_seen,
+                               cfg.data.num_workers, pin, cfg.train.seed,
+                               rank=self.par.dp_rank, world=self.par.dp), self.device)
+
+    def _tuning_step(self) -> None:
+        """One real training step run by autotune, accounted like the loop's own steps."""
+        loss, gnorm, applied = self.train_step()
+        self.step += 1
+        self.samples_seen += self.cfg.data.batch_size * self.cfg.engine.grad_accum * self.par.dp
+        self.metrics.log(self.step, "train", {"loss": loss, "grad_norm": gnorm, "autotune_trial": 1})
+
+    def _autotune(self) -> None:
+        from tensorpilot.training import autotune
+
+        if self.par.active:
+            self.console.print("  autotune:  not in multi-process runs yet; using the configuration as given")
+            return
+        self.tune_result = autotune.tune(self, self._tuning_step)
+        self.compile_reason = f"autotune: {'compiled' if self.compiled else 'eager'} ({self.tune_result.reason})"
 
     def _sample_batch(self):
         """One micro-batch as training will see it (for FLOP counting on the meta copy)."""
@@ -169,15 +232,25 @@ class Trainer:
         Returns (mean loss, gradient norm before clipping, whether the step was applied)."""
         model, opt, scaler = self.step_model, self.opt, self.scaler
         total = torch.zeros((), device=self.device)
-        for x, y in batches:
-            with self.autocast():
-                loss = self.workload.loss(model(x), y) / len(batches)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
+        for i, (x, y) in enumerate(batches):
+            # DDP/FSDP: gradients are reduced on the last micro-batch only
+            with self.par.grad_sync(model, enabled=i == len(batches) - 1):
+                if self.par.pipelined:                  # the schedule runs forward and backward
+                    with self.autocast():
+                        total += self.par.pipeline_step(x, y)
+                    continue
+                with self.autocast():
+                    loss = self.workload.loss(model(x), y) / len(batches)
+                (scaler.scale(loss) if scaler is not None else loss).backward()
             total += loss.detach().float()
         if scaler is not None:
             scaler.unscale_(opt)                        # clip true gradients, not scaled ones
         clip = self.cfg.optim.grad_clip or math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=True)
+        if self.par.active:                             # the norm over all ranks' shards
+            norm = self.par.clip_grad_norm(self.params, clip)
+            total = self.par.mean_over_dp(total)        # the global batch's loss, for logging
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=True)
         loss_value, norm_value = torch.stack([total, norm.float()]).tolist()   # one host sync
         finite = math.isfinite(loss_value) and (scaler is not None or math.isfinite(norm_value))
         if scaler is not None:
@@ -190,6 +263,9 @@ class Trainer:
         return loss_value, norm_value, finite
 
     def _set_compiled(self, on: bool) -> None:
+        if self.par.active:                             # compiled per block (or not) in parallelize
+            self.step_model, self._compile_unproven = self.dist_model, False
+            return
         self.step_model = engine.apply_compile(self.model) if on else self.model
         self._compile_unproven = on
 
@@ -226,16 +302,19 @@ class Trainer:
         cfg = self.cfg
         t_fit = time.perf_counter()
         previous = self._install_signal_handlers()
-        progress = TrainProgress(self.console, cfg.train.steps, self.step, cfg.logging.progress,
-                                 cfg.train.log_interval)
+        progress = TrainProgress(self.console, cfg.train.steps, self.step,
+                                 cfg.logging.progress if self.par.is_main else "off", cfg.train.log_interval)
         first_step, timed_s, timed_steps = self.step, 0.0, 0
         window: list[float] = []
         bad_streak, skipped = 0, 0
         last_loss = last_val = float("nan")
-        samples_per_step = cfg.data.batch_size * cfg.engine.grad_accum
+        samples_per_step = cfg.data.batch_size * cfg.engine.grad_accum * self.par.dp
         initial_val = self.evaluate() if self.step == 0 else None
         if initial_val is not None:
             self.metrics.log(0, "val", {"loss": initial_val, **self._bpb(initial_val)})
+        if cfg.engine.optimize == "auto" and self.step < cfg.train.steps:
+            self._autotune()
+            first_step = self.step                      # trials are steps; the loop's first is warm-up
         try:
             while self.step < cfg.train.steps:
                 t0 = time.perf_counter()
@@ -280,6 +359,12 @@ class Trainer:
                     raise TrainingAborted(
                         f"interrupted by {name} at step {self.step}; checkpoint saved, continue with "
                         f"`tensorpilot train --resume {self.run_dir}`.", exit_code=130)
+        except RuntimeError as exc:
+            if self.par.active and is_comm_failure(exc):
+                raise DistributedError(f"rank {self.par.ctx.rank} lost its peers at step {self.step} "
+                                       f"({first_line(exc)}): another process crashed or the network "
+                                       "failed; rerun with --max-restarts to recover from checkpoints.") from None
+            raise
         finally:
             progress.close()
             self._restore_signal_handlers(previous)
@@ -308,14 +393,17 @@ class Trainer:
             except StopIteration:
                 break
             with self.autocast():
-                losses.append(self.workload.loss(model(x), y).float())
+                if self.par.pipelined:
+                    losses.append(self.par.pipeline_step(x, y, train=False) * self.cfg.engine.grad_accum)
+                else:
+                    losses.append(self.workload.loss(model(x), y).float())
         model.train(was_training)
         return torch.stack(losses).mean().item() if losses else float("nan")
 
     # ------------------------------------------------------------------ checkpoints, signals
-    def _state(self) -> dict[str, Any]:
+    def _state(self, optimizer: bool = True) -> dict[str, Any]:
         return {
-            "optimizer": self.opt.state_dict(),
+            **({"optimizer": self.opt.state_dict()} if optimizer else {}),
             "scheduler": self.sched.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "step": self.step, "samples_seen": self.samples_seen,
@@ -331,6 +419,11 @@ class Trainer:
     def _save(self, force: bool = False) -> Path | None:
         if not (self.cfg.checkpoint.enabled or force):
             return None
+        if self.par.active:                             # every rank writes its shards
+            self.last_checkpoint = dcp.save(self.run_dir / "checkpoints", self.step, self.model, self.opt,
+                                            self._state(optimizer=False), self._meta(),
+                                            self.cfg.checkpoint.keep, self.par.is_main)
+            return self.last_checkpoint
         self.last_checkpoint = ckpt_io.save(self.run_dir / "checkpoints", self.step, self.model,
                                             self._state(), self._meta(), self.cfg.checkpoint.keep)
         return self.last_checkpoint
@@ -344,11 +437,22 @@ class Trainer:
         return f"The last good checkpoint is {ckpts[-1]}." if ckpts else "No checkpoint was written."
 
     def _restore(self, path: Path) -> None:
-        loaded = ckpt_io.load(path, self.model)
-        st = loaded.state
+        if dcp.is_dcp(ckpt_io.read_meta(path)):         # written by a distributed run
+            st = dcp.load(path, self.model, self.opt)
+        elif self.par.active:                           # a one-process checkpoint, resharded
+            st = dcp.load_single(path, self.model, self.opt, self._opt_names)
+        else:
+            st = ckpt_io.load(path, self.model).state
         try:
-            self.opt.load_state_dict(st["optimizer"])
-            self.sched.load_state_dict(st["scheduler"])
+            if "optimizer" in st and not self.par.active:
+                self.opt.load_state_dict(st["optimizer"])
+            sched = st["scheduler"]
+            if len(sched.get("base_lrs", [])) != len(self.opt.param_groups):
+                # another layout groups parameters differently (tensor parallel splits plain and
+                # DTensor ones); every group has the same schedule, so repeat the first
+                n = len(self.opt.param_groups)
+                sched = dict(sched, base_lrs=sched["base_lrs"][:1] * n, _last_lr=sched["_last_lr"][:1] * n)
+            self.sched.load_state_dict(sched)
             if self.scaler is not None and st.get("scaler"):
                 self.scaler.load_state_dict(st["scaler"])
             self.step, self.samples_seen = int(st["step"]), int(st["samples_seen"])
@@ -392,7 +496,7 @@ class Trainer:
 
     def _summary(self, t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped) -> dict[str, Any]:
         cfg = self.cfg
-        samples_per_step = cfg.data.batch_size * cfg.engine.grad_accum
+        samples_per_step = cfg.data.batch_size * cfg.engine.grad_accum * self.par.dp
         steps_per_s = timed_steps / timed_s if timed_steps else None
         samples_per_s = steps_per_s * samples_per_step if steps_per_s else None
         achieved = self.flops_per_step * steps_per_s if steps_per_s else None
@@ -426,9 +530,42 @@ class Trainer:
         if self.workload.kind == "gpt":
             out["final_val_bpb"] = last_val / LN2
         out["checkpoint"] = str(getattr(self, "last_checkpoint", "") or "") or None
+        tuned = getattr(self, "tune_result", None)
+        out["autotune"] = tuned.to_dict() if tuned is not None else None
+        out["parallel"] = {"layout": self.par.plan_layout().name, "world_size": self.par.layout.world,
+                           "dp": self.par.dp, "tp": self.par.layout.tp, "pp": self.par.layout.pp,
+                           "sharding": self.par.layout.sharding,
+                           "step_s": 1.0 / steps_per_s if steps_per_s else None}
+        out["predicted"] = self._prediction(1.0 / steps_per_s if steps_per_s else None) if self.par.is_main else None
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
+    def _prediction(self, measured_step_s: float | None) -> dict[str, Any] | None:
+        """The planner's step time and memory for this run (same model, batch, precision and
+        layout) next to what was measured: plan and train are checked against each other."""
+        gpt = self.workload.meta.get("gpt")
+        if not gpt:
+            return None
+        from tensorpilot.plan.local import gpt_plan, local_accelerator
+
+        cfg, lay = self.cfg, self.par.plan_layout()
+        try:
+            p = gpt_plan(gpt, local_accelerator(self.caps), micro_batch=cfg.data.batch_size,
+                         global_batch=cfg.data.batch_size * cfg.engine.grad_accum * self.par.dp,
+                         precision=self.choice.name, recompute=bool(self.ac_blocks),
+                         layout_kwargs=dict(dp=lay.dp, tp=lay.tp, pp=lay.pp, sharding=lay.sharding,
+                                            sequence_parallel=lay.sequence_parallel, schedule=lay.schedule))
+        except TensorpilotError as exc:
+            return {"error": str(exc)}
+        return {"hardware": p.hardware, "layout": p.layout, "step_time_s": p.step_time_s,
+                "measured_step_time_s": measured_step_s,
+                "measured_over_predicted": measured_step_s / p.step_time_s if measured_step_s else None,
+                "memory_bytes": p.memory_bytes["total"], "fits": p.fits,
+                "note": "planner on this device's measured ceilings; it models eager-kernel efficiency, "
+                        "not torch.compile fusion"}
+
     def _write_summary(self, summary: dict[str, Any]) -> None:
+        if not self.par.is_main:
+            return
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=1))
         tmp.replace(self.run_dir / "summary.json")
@@ -455,6 +592,12 @@ class Trainer:
         if s.get("final_val_bpb") is not None:
             val += f" ({s['final_val_bpb']:.3f} bits/byte)"
         t.add_row("loss (train / val)", f"{fmt(s['final_train_loss'], '.3f')} / {val}")
+        pred = s.get("predicted") or {}
+        if pred.get("step_time_s") and pred.get("measured_step_time_s"):
+            t.add_row("step time", escape(f"{pred['measured_step_time_s'] * 1e3:,.0f} ms measured, "
+                                          f"{pred['step_time_s'] * 1e3:,.0f} ms predicted by the planner "
+                                          f"({pred['layout']} on {pred['hardware']}; measured / predicted "
+                                          f"{pred['measured_over_predicted']:.2f})"))
         t.add_row("time", f"{s['wall_s']:.1f} s wall ({s['setup_s']:.1f} s setup)")
         t.add_row("run directory", f"{s['run_dir']} (summary.json, metrics.jsonl, tensorboard/, checkpoints/)")
         self.console.print(t)

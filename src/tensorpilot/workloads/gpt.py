@@ -39,18 +39,22 @@ SIZES: dict[str, dict[str, int]] = {
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.n_head = cfg.n_head
+        self.head_dim = cfg.d_model // cfg.n_head                    # D = C / H
+        # fused projection, rows ordered head-major (H, 3, D): a contiguous block of rows holds
+        # whole heads with their q, k and v, so splitting the rows (column-wise tensor
+        # parallelism) hands each rank complete heads.
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)                       # 3 x (B, T, C)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(                          # (B, H, T, C/H)
+        B, T, _ = x.shape
+        # -1 heads: all H here, H / tp on a tensor-parallel rank (whose qkv output is a row slice)
+        qkv = self.qkv(x).view(B, T, -1, 3, self.head_dim)          # (B, T, H, 3, D)
+        q, k, v = qkv.transpose(1, 2).unbind(dim=3)                  # 3 x (B, H, T, D)
+        y = F.scaled_dot_product_attention(                          # (B, H, T, D)
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))        # (B, T, H*D) -> (B, T, C)
 
 
 class MLP(nn.Module):

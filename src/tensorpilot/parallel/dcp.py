@@ -1,0 +1,148 @@
+"""Distributed checkpoints with ``torch.distributed.checkpoint`` (DCP), loadable at any layout.
+
+Each rank writes only the shards it owns (FSDP/TP DTensor shards, its pipeline stage; replicas
+are written once). ``get_state_dict`` names everything by parameter FQN ("blocks.0.attn.qkv.weight")
+and the optimizer state is flattened to per-parameter keys ("state.blocks.0....exp_avg"), so a
+checkpoint written by 2 processes reads into 1 (DCP loads the plain tensors from the shards) and a
+checkpoint written by 1 into 2 (each rank reads the slices its DTensors need).
+
+Layout of ``<run-dir>/checkpoints/step_00000100/`` (same directory names as single-process ones):
+    .metadata, __<rank>_0.distcp     the DCP files: model and optimizer
+    state.pt                         scheduler, scaler, step, data position, RNG (rank 0's)
+    meta.json                        as for single-process checkpoints, with "format": "dcp"
+
+Atomic like the single-process format: every rank writes into ``step_*.tmp-dcp``; once the DCP
+save has returned on all ranks (it ends with a collective), rank 0 adds state.pt and meta.json,
+fsyncs and renames the directory into place.
+
+A single-process checkpoint (model.safetensors + state.pt keyed by optimizer parameter index)
+is read into a distributed run with ``load_single`` below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tensorpilot.errors import CheckpointError
+from tensorpilot.training import checkpoint as ckpt_io
+
+FORMAT = "dcp"
+TMP_SUFFIX = ".tmp-dcp"
+
+
+def is_dcp(meta: dict[str, Any]) -> bool:
+    return meta.get("format") == FORMAT
+
+
+def _options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # flattened optimizer keys: pipeline stages hold different parameters, and their param_groups
+    # must not collide under one key
+    return StateDictOptions(flatten_optimizer_state_dict=True, **kw)
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def save(root: Path, step: int, model: nn.Module, optimizer, state: dict[str, Any], meta: dict[str, Any],
+         keep: int, is_main: bool) -> Path:
+    """Collective: every rank calls it. Returns the final checkpoint directory."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    final = root / f"step_{step:08d}"
+    tmp = root / (final.name + TMP_SUFFIX)
+    if final.exists():                                  # this exact step is already on disk
+        return final
+    if is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    dist.barrier()
+    msd, osd = get_state_dict(model, optimizer, options=_options())
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+    if is_main:
+        torch.save(state, tmp / "state.pt")
+        meta = dict(meta, step=step, format=FORMAT,
+                    sha256={"state.pt": ckpt_io._sha256(tmp / "state.pt")})
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+        for f in tmp.iterdir():
+            ckpt_io._fsync_path(f)
+        ckpt_io._fsync_path(tmp)
+        os.rename(tmp, final)
+        ckpt_io._fsync_path(root)
+        for old in ckpt_io.list_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()                                      # nobody resumes from a half-renamed step
+    return final
+
+
+def load(ckpt: Path, model: nn.Module, optimizer) -> dict[str, Any]:
+    """Read a DCP checkpoint into this rank's part of ``model`` and ``optimizer`` (any layout, or
+    one process without a process group). Returns the trainer state (state.pt)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    meta = ckpt_io.read_meta(ckpt)
+    expected = (meta.get("sha256") or {}).get("state.pt")
+    if not (ckpt / ".metadata").exists() or not expected:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is incomplete: the DCP .metadata or state.pt is missing.")
+    if ckpt_io._sha256(ckpt / "state.pt") != expected:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: state.pt does not match its checksum.")
+    msd, osd = get_state_dict(model, optimizer, options=_options())
+    target = {"model": msd, "optim": osd}
+    try:
+        # in place: each DTensor / tensor in ``target`` receives the slice this rank owns
+        dcp.load(target, checkpoint_id=str(ckpt))
+    except Exception as exc:        # DCP raises CheckpointException wrapping per-rank errors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} does not fit this model: {first}.") from None
+    set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"],
+                   options=_options())
+    return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+
+
+def optimizer_names(model: nn.Module, optimizer) -> list[str]:
+    """FQNs of ``optimizer``'s parameters in state_dict index order (index i -> names[i])."""
+    fqn = {id(p): name for name, p in model.named_parameters()}
+    return [fqn[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def load_single(ckpt: Path, model: nn.Module, optimizer, names: list[str]) -> dict[str, Any]:
+    """Read a single-process checkpoint into a parallelized ``model``/``optimizer``. ``names`` maps
+    the saved optimizer's parameter indices to FQNs (``optimizer_names`` of the unsplit model)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    meta = ckpt_io.read_meta(ckpt)
+    ckpt_io.verify(ckpt, meta)
+    weights = load_file(str(ckpt / "model.safetensors"))
+    state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+    owned = {name for name, _ in model.named_parameters()} | set(model.state_dict().keys())
+    full_msd = {k: v for k, v in weights.items() if k in owned}
+    saved = state["optimizer"]
+    # the FQN-keyed, unflattened form get_state_dict produces (only this rank's parameters)
+    full_osd = {"state": {names[i]: s for i, s in saved["state"].items() if names[i] in owned},
+                "param_groups": [dict(g, params=[names[i] for i in g["params"] if names[i] in owned])
+                                 for g in saved["param_groups"]]}
+    full_osd["param_groups"] = [g for g in full_osd["param_groups"] if g["params"]]
+    try:
+        # full_state_dict: the values are whole tensors; each rank keeps the shard it owns
+        set_state_dict(model, optimizer, model_state_dict=full_msd, optim_state_dict=full_osd,
+                       options=StateDictOptions(full_state_dict=True, strict=False))
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} cannot be loaded into this layout: "
+                              f"{str(exc).splitlines()[0][:300]}.") from None
+    return state

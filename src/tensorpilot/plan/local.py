@@ -1,0 +1,59 @@
+"""The device this process runs on, as the planner sees it: a catalogued accelerator as it is,
+anything else (CPUs, unrecognised GPUs) described by its *measured* ceilings.
+
+The planner multiplies datasheet peaks by achievable fractions (``calibration``); measured
+ceilings are achieved already, so they enter divided by those same fractions and come out of
+the planner unchanged. Memory bandwidth is the measured copy bandwidth when a probe holds one
+(``tensorpilot hw --probe``), else a quick 64 MiB copy measured now; the device "link" is the
+probe's measured all-reduce bus bandwidth when there is one (gloo over loopback on a CPU box),
+else the planner's default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensorpilot.hardware.catalog import Accelerator
+
+
+def local_accelerator(caps: Any) -> Accelerator:
+    """``caps``: a ``tensorpilot.hardware.device.DeviceCaps`` (imports torch through the probe)."""
+    from tensorpilot.hardware import catalog
+    from tensorpilot.hardware.peak import device_peak
+    from tensorpilot.hardware.probe import copy_bandwidth, load_cached
+    from tensorpilot.plan import calibration as cal
+
+    key = catalog.normalize_device_name(caps.name) if caps.kind != "cpu" else None
+    if key is not None:
+        return catalog.get(key)
+    achieved = cal.SUSTAINED_COMPUTE_FRACTION * cal.mamf_fraction(None)
+    peaks = {}
+    for dtype in ("fp32", "bf16") + (("fp16",) if caps.kind != "cpu" else ()):
+        measured = device_peak(caps.torch_device, dtype).measured_flops_per_s
+        if measured:
+            peaks[f"{dtype}_tflops"] = measured / achieved / 1e12
+    cached = load_cached([caps.torch_device])
+    probe = cached.device(caps.torch_device) if cached else None
+    copy = probe.copy_bytes_per_s if probe and probe.copy_bytes_per_s else copy_bandwidth(caps.torch_device, 64 * 2**20)
+    bus = (cached.allreduce or {}).get("bus_bytes_per_s") if cached else None
+    # plan/predict.py: link rate = link_gb_per_s x 1e9 / 2 (both directions) x LINK_BW_FRACTION
+    link = bus * 2 / cal.LINK_BW_FRACTION / 1e9 if bus else None
+    return Accelerator(key=f"local-{caps.kind}", name=f"{caps.name} (measured)", vendor="local", year=0,
+                       source="measured ceilings of this machine (tensorpilot hw --probe)",
+                       mem_gb=(caps.memory_bytes or 0) / 1e9 or None,
+                       mem_bw_gb_per_s=copy / 1e9 / cal.MEMORY_BW_FRACTION, link_gb_per_s=link, **peaks)
+
+
+def gpt_plan(gpt_meta: dict[str, Any], acc: Accelerator, *, micro_batch: int, global_batch: int,
+             precision: str, recompute: bool = False, layout_kwargs: dict[str, Any] | None = None):
+    """The planner's Plan of the built-in gpt (``Workload.meta['gpt']``) at this configuration."""
+    from types import SimpleNamespace
+
+    from tensorpilot.plan.models import model_spec_from_gpt_config
+    from tensorpilot.plan.predict import Layout, TrainSetup, predict
+
+    spec = model_spec_from_gpt_config(SimpleNamespace(**gpt_meta))
+    setup = TrainSetup(seq_len=gpt_meta["seq_len"], global_batch=global_batch,
+                       precision="fp32" if precision == "tf32" else precision, attention="flash")
+    layout = Layout(micro_batch=micro_batch, recompute="full" if recompute else "none", **(layout_kwargs or {}))
+    return predict(spec, acc, layout, setup)

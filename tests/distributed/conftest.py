@@ -1,0 +1,50 @@
+"""Multi-process tier: real process groups (gloo over loopback) of 2 CPU processes, a tiny gpt,
+fp32, deterministic. Each run is a subprocess of the real CLI, so what is tested is what users run.
+
+The machine of record has 2 cores: runs are tiny (2 layers, width 64, 32-byte context, 5 steps)
+and each worker uses one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# the same tiny gpt as tests/integration, fp32, every step logged, no evaluation in between
+TINY = ["--model.n_layer", "2", "--model.d_model", "64", "--model.n_head", "2", "--model.seq_len", "32",
+        "--compile", "off", "--precision", "fp32", "--data.max_bytes", "400000", "--train.eval_batches", "1",
+        "--train.eval_interval", "1000", "--train.log_interval", "1", "--logging.progress", "lines",
+        "--no-logging.tensorboard"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def distributed_env(tmp_path_factory):
+    """A private measured-ceiling cache, one thread per worker, loopback for gloo."""
+    saved = {k: os.environ.get(k) for k in ("TENSORPILOT_CACHE", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")}
+    os.environ.update(TENSORPILOT_CACHE=str(tmp_path_factory.mktemp("cache")), OMP_NUM_THREADS="1",
+                      GLOO_SOCKET_IFNAME="lo")
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def run(*args: str, cwd: Path | None = None, timeout: float = 180, module: str = "tensorpilot", check=True):
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """step -> logged training loss (the all-reduced loss of the global batch)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
