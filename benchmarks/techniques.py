@@ -125,7 +125,7 @@ def autotuned(kind: str, size: str, batch: int, tmp: str) -> dict:
     run_dir = f"{tmp}/{kind}-auto"
     cmd = [sys.executable, "-m", "tensorpilot", "train", "--model", kind, "--batch-size", str(batch),
            "--steps", "400", "--optimize", "auto", "--run-dir", run_dir, "--train.eval_interval", "100000",
-           "--no-checkpoint.enabled", "--logging.progress", "off", "--no-logging.tensorboard",
+           "--no-checkpoint.enabled", "--logging.progress", "lines", "--no-logging.tensorboard",
            "--no-engine.tune_cache", "--tune-budget", "60"]
     if kind == "gpt":
         cmd += ["--size", size]

@@ -7,6 +7,8 @@ import json
 
 from conftest import FAST, read_jsonl, run_cli
 
+from tensorpilot.training.autotune import NOISE_MARGIN
+
 
 def test_optimize_auto_records_and_reuses_its_choice(tmp_path):
     # global batch 8 x 2 = 16; compile stays off (FAST): the trials vary precision and micro-batch
@@ -21,7 +23,8 @@ def test_optimize_auto_records_and_reuses_its_choice(tmp_path):
     labels = [t["candidate"] for t in tuned["trials"]]
     assert chosen["label"] in labels
     measured = {t["candidate"]: t["measured_step_s"] for t in tuned["trials"]}
-    assert measured[chosen["label"]] == min(measured.values())          # the fastest it measured
+    # the fastest it measured, up to the noise margin that keeps an earlier (predicted-better) one
+    assert measured[chosen["label"]] <= min(measured.values()) / (1 - NOISE_MARGIN)
     assert "autotune" in proc.stdout and chosen["label"] in proc.stdout
     # trials are real training steps: every step 1..30 is logged once, none lost or repeated
     steps = [r["step"] for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if r["kind"] == "train"]

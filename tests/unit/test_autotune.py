@@ -44,9 +44,10 @@ def test_every_candidate_is_a_valid_configuration(name, kind):
         assert c.micro_batch * c.grad_accum == 24
         assert c.grad_accum <= 8
         precision.choose(c.precision, caps)          # raises for a precision the device lacks
-        assert c.channels_last == (kind == "cnn")
         assert not c.compile                         # compilation is decided after the eager trials
     assert {c.activation_checkpointing for c in cands} == {False, True}
+    # the memory format is a trial dimension for conv nets only
+    assert {c.channels_last for c in cands} == ({False, True} if kind == "cnn" else {False})
     # the micro-batches: 24 itself and the power-of-two divisors with at most 8 accumulation steps
     assert sorted({c.micro_batch for c in cands}) == [4, 8, 24]
 
@@ -208,3 +209,18 @@ def test_tuner_never_runs_past_the_end_of_a_short_run():
                      ).run(cands, at.rule_choices(CPU_BF16, data_in_memory=True))
         assert len(steps) + 1 + at.TRIAL_STEPS <= remaining or not r.trials
         assert state["c"] == r.chosen
+
+
+def test_a_lower_ranked_candidate_must_beat_the_incumbent_by_more_than_noise():
+    clock, state = FakeClock(), {}
+    cost = {8: 1.0, 4: 0.99, 2: 0.90}                      # 4 is within noise of 8; 2 is clearly faster
+    step = lambda: setattr(clock, "now", clock.now + cost[state["c"].micro_batch])
+    r = at.Tuner(SimpleNamespace(caps=CPU_BF16, opt=None), step, budget_s=1e9, predictor=None,
+                 compile_requested="off", remaining_steps=1000, apply=lambda _, c: state.update(c=c), clock=clock
+                 ).run([at.Candidate("bf16", m, 8 // m) for m in (8, 4, 2)], at.rule_choices(CPU_BF16, data_in_memory=True))
+    assert r.chosen.micro_batch == 2
+    cost[2] = 0.98
+    r = at.Tuner(SimpleNamespace(caps=CPU_BF16, opt=None), step, budget_s=1e9, predictor=None,
+                 compile_requested="off", remaining_steps=1000, apply=lambda _, c: state.update(c=c), clock=clock
+                 ).run([at.Candidate("bf16", m, 8 // m) for m in (8, 4, 2)], at.rule_choices(CPU_BF16, data_in_memory=True))
+    assert r.chosen.micro_batch == 8                       # none beat the first by more than 3%

@@ -13,7 +13,8 @@ measurement.
 4. The choice is cached per (model, batch, hardware, torch) and reused by the next run.
 
 Settings decided by rule rather than by trial (each with its reason): the AdamW implementation
-(fused where the device has a kernel), DataLoader workers, ``channels_last`` for conv nets.
+(fused where the device has a kernel) and DataLoader workers. For conv nets the memory format
+(``channels_last`` or not) is one more trial dimension.
 
 ``find_batch_size`` is the batch-size finder: it grows the micro-batch until the device runs out
 of memory (``torch.OutOfMemoryError`` on GPUs; on CPUs an ``ActivationBudget`` raises the same
@@ -36,12 +37,16 @@ import torch
 
 from tensorpilot.hardware.device import DeviceCaps
 
-TRIAL_STEPS = 2           # timed steps per candidate, after one untimed warm-up step
+TRIAL_STEPS = 2           # timed steps per candidate, after one untimed warm-up step ...
+MIN_TRIAL_S = 0.5         # ... and at least this long in all (a 20 ms step needs ~25 samples)
 MAX_EAGER_TRIALS = 4      # measure at most this many of the ranked eager candidates
 DEFAULT_BUDGET_FRACTION = 0.10
 # What one compile trial costs (compilation + 2 steps): 16-25 s for the small/tiny gpt on the
 # 2-core dev CPU (benchmarks/RESULTS.md, compile_cost); GPUs are in the same range.
 COMPILE_TRIAL_ESTIMATE_S = 25.0
+# Two timed steps on a shared machine differ by a few percent run to run (benchmarks/RESULTS.md):
+# a candidate ranked lower by prediction must beat the incumbent by more than this to be chosen.
+NOISE_MARGIN = 0.03
 
 
 # ------------------------------------------------------------------------------- candidates
@@ -98,12 +103,14 @@ def enumerate_candidates(caps: DeviceCaps, *, kind: str, global_batch: int, requ
                          ) -> list[Candidate]:
     """Eager candidates. ``activation_checkpointing`` None lets the tuner consider both; it is
     only chosen when the run does not fit without it (prediction) or is faster with it."""
-    channels_last = kind == "cnn"
+    # conv nets: NHWC (channels_last) is what Tensor Cores and oneDNN's fastest conv kernels
+    # want, but on small CPU convs the layout conversions can cost more: a trial decides
+    layouts = [False, True] if kind == "cnn" else [False]
     acs = [False, True] if activation_checkpointing is None else [activation_checkpointing]
-    return [Candidate(p, m, global_batch // m, ac, channels_last=channels_last)
+    return [Candidate(p, m, global_batch // m, ac, channels_last=cl)
             for p in precision_options(requested_precision, caps)
             for m in micro_batch_options(global_batch, micro_limit)
-            for ac in acs]
+            for ac in acs for cl in layouts]
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,17 +366,19 @@ class Tuner:
         self.compile_requested, self.remaining = compile_requested, remaining_steps
         self.apply, self.clock = apply or apply_candidate, clock
 
-    def _measure(self, cand: Candidate, trial: Trial, timed_steps: int = TRIAL_STEPS) -> None:
+    def _measure(self, cand: Candidate, trial: Trial, max_steps: int) -> None:
+        """One warm-up step, then at least TRIAL_STEPS timed steps and at least MIN_TRIAL_S of
+        them (short steps are noisy), never more than ``max_steps`` steps in all."""
         self.apply(self.t, cand)
         t0 = self.clock()
         self.step()                                      # warm-up: first use of the shapes / compile
         trial.warmup_s = self.clock() - t0
-        times = []
-        for _ in range(timed_steps):
+        times: list[float] = []
+        while len(times) < TRIAL_STEPS or (sum(times) < MIN_TRIAL_S and len(times) + 1 < max_steps):
             t0 = self.clock()
             self.step()
             times.append(self.clock() - t0)
-        trial.steps = 1 + timed_steps
+        trial.steps = 1 + len(times)
         trial.measured_step_s = sorted(times)[len(times) // 2]
 
     def run(self, candidates: list[Candidate], rules: RuleChoice) -> TuneResult:
@@ -399,13 +408,18 @@ class Tuner:
                 if self.clock() - t_start + expected > budget:
                     break
             trial = Trial(cand, pred)
-            self._measure(cand, trial)
+            self._measure(cand, trial, self.remaining - sum(t.steps for t in trials) - (1 + TRIAL_STEPS))
             trials.append(trial)
             if budget is None:            # default budget: a fraction of the run at the first speed
                 budget = DEFAULT_BUDGET_FRACTION * self.remaining * trial.measured_step_s
-        best = min(trials, key=lambda t: t.measured_step_s)
+        # a later (predicted-slower) candidate must win by more than two steps' timing noise
+        best = trials[0]
+        for t in trials[1:]:
+            if t.measured_step_s < best.measured_step_s * (1 - NOISE_MARGIN):
+                best = t
         eager_best = best.candidate
-        reason = (f"{eager_best.label} measured fastest of {len(trials)} eager candidate(s)"
+        reason = (f"{eager_best.label} measured fastest of {len(trials)} eager candidate(s) (a later "
+                  f"candidate must be {NOISE_MARGIN:.0%} faster to displace an earlier one)"
                   if len(trials) > 1 else f"{eager_best.label}: the predicted best (budget allowed one trial)")
         chosen, extra = eager_best, {}
 
@@ -431,7 +445,7 @@ class Tuner:
                 cand = replace(eager_best, compile=True, compile_mode=mode)
                 trial = Trial(cand, Prediction(True, None, None, "compiled variant of the eager winner"))
                 try:
-                    self._measure(cand, trial)
+                    self._measure(cand, trial, self.remaining - sum(t.steps for t in trials) - (1 + TRIAL_STEPS))
                 except Exception as exc:  # noqa: BLE001 - compile failures fall back to eager
                     trial.note = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:150] if str(exc) else ''}"
                     self.t.opt.zero_grad(set_to_none=True)
@@ -476,8 +490,9 @@ def apply_candidate(trainer, cand: Candidate) -> None:
             engine.remove_activation_checkpointing(trainer.model)
             trainer.ac_blocks = 0
         cfg.engine.activation_checkpointing = cand.activation_checkpointing
-    if cand.channels_last:
-        trainer.model.to(memory_format=torch.channels_last)
+    if cand.channels_last or getattr(trainer, "_channels_last", False):   # 4-D weights only
+        trainer.model.to(memory_format=torch.channels_last if cand.channels_last else torch.contiguous_format)
+        trainer._channels_last = cand.channels_last
     trainer.compiled = cand.compile
     trainer.step_model = engine.apply_compile(trainer.model, cand.compile_mode) if cand.compile else trainer.model
     trainer._compile_unproven = False
