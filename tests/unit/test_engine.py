@@ -104,3 +104,23 @@ def test_cnn_checkpointing_updates_batchnorm_statistics_once():
     assert int(bn.num_batches_tracked) == 1, "BatchNorm saw the batch twice"
     for (n, a), b in zip(ac.named_buffers(), plain.buffers()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
+
+
+def test_math_attention_equals_sdpa_and_the_engine_switches_it():
+    import torch.nn.functional as F
+
+    from tensorpilot.training import engine
+    from tensorpilot.workloads.gpt import GPT, GPTConfig, math_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 17, 8, dtype=torch.float64) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(math_attention(q, k, v, 0.0), ref)
+
+    m = GPT(GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=16))
+    x = torch.randint(0, 256, (3, 16))
+    before = m(x)
+    assert engine.set_attention(m, "math") == 2                  # one attention module per block
+    torch.testing.assert_close(m(x), before, rtol=1e-5, atol=1e-5)
+    engine.undo_compile(m)
+    assert {b.attn.attention_impl for b in m.blocks} == {"sdpa"}

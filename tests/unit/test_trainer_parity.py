@@ -108,7 +108,7 @@ def test_compile_failure_falls_back_to_eager_and_says_so(tmp_path, monkeypatch):
         def forward(self, x):
             raise RuntimeError("InductorError: C++ compile error (simulated)")
 
-    monkeypatch.setattr(engine, "apply_compile", lambda m: Broken(m))
+    monkeypatch.setattr(engine, "apply_compile", lambda m, *a, **k: Broken(m))
     cfg = cfg_for(tmp_path, engine__compile="on")
     model = make_model()
     summary = Trainer(cfg, Workload(model=model, train_data=make_data())).fit()

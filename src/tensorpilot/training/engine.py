@@ -78,7 +78,26 @@ def compile_decision(requested: str, caps: DeviceCaps, remaining_steps: int,
                   "eager, long enough to repay compilation")
 
 
-def apply_compile(model: nn.Module, mode: str = "default") -> nn.Module:
+def set_attention(model: nn.Module, impl: str) -> int:
+    """Switch every attention module that offers a choice (an ``attention_impl`` attribute, like
+    the built-in gpt's) to ``impl``; returns how many were switched."""
+    mods = [m for m in model.modules() if hasattr(type(m), "attention_impl")]
+    for m in mods:
+        m.attention_impl = impl
+    return len(mods)
+
+
+def apply_compile(model: nn.Module, mode: str = "default", device_kind: str | None = None) -> nn.Module:
     """``mode="reduce-overhead"`` adds CUDA graphs (replaying a step's kernels in one launch):
-    for GPUs with static shapes, where launch overhead dominates small steps."""
+    for GPUs with static shapes, where launch overhead dominates small steps. On a CPU the
+    attention is switched to the materialised form inductor fuses (faster than the CPU flash
+    kernel; ``undo_compile`` switches it back if compilation fails)."""
+    if device_kind == "cpu":
+        set_attention(model, "math")
     return torch.compile(model, mode=None if mode == "default" else mode)
+
+
+def undo_compile(model: nn.Module) -> nn.Module:
+    """The eager model again, with the attention kernels eager runs fastest."""
+    set_attention(model, "sdpa")
+    return model

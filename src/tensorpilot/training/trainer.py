@@ -266,7 +266,8 @@ class Trainer:
         if self.par.active:                             # compiled per block (or not) in parallelize
             self.step_model, self._compile_unproven = self.dist_model, False
             return
-        self.step_model = engine.apply_compile(self.model) if on else self.model
+        self.step_model = engine.apply_compile(self.model, device_kind=self.device.type) if on else \
+            engine.undo_compile(self.model)
         self._compile_unproven = on
 
     def _maybe_compile(self, eager_step_s: float) -> None:
@@ -289,7 +290,7 @@ class Trainer:
             self.console.print(f"[yellow]torch.compile failed ({type(exc).__name__}: {first}); "
                                "continuing in eager mode.[/]")
             self.opt.zero_grad(set_to_none=True)
-            self.step_model, self.compiled = self.model, False
+            self.step_model, self.compiled = engine.undo_compile(self.model), False
             self.compile_reason += " -> failed, fell back to eager"
             result = self._update(batches)
         self._compile_unproven = False

@@ -36,7 +36,32 @@ SIZES: dict[str, dict[str, int]] = {
 }
 
 
+# Largest attention-score tensor (B x H x T x T elements) the "math" path materialises; above
+# it the fused SDPA kernels are used regardless (2**28 bf16 scores + fp32 softmax ~ 1.5 GiB).
+MATH_ATTENTION_MAX_SCORES = 2**28
+
+
+def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """Causal attention with the scores materialised by plain matmuls: (B, H, T, D) -> (B, H, T, D).
+    Softmax in fp32 (bf16 exponent sums lose digits). Under torch.compile the scale, mask and
+    softmax fuse into one kernel; see CausalSelfAttention.attention_impl."""
+    T = q.shape[-2]
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))           # (B, H, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    att = torch.softmax(att.float().masked_fill(~causal, float("-inf")), dim=-1).to(q.dtype)
+    if dropout_p:
+        att = F.dropout(att, dropout_p)
+    return att @ v
+
+
 class CausalSelfAttention(nn.Module):
+    # "sdpa": F.scaled_dot_product_attention (flash / memory-efficient kernels: the default, and
+    # the right choice on GPUs). "math": math_attention, set by the engine when it compiles on a
+    # CPU, where inductor fuses it and PyTorch's CPU flash kernel is slow at head_dim 64: attention
+    # forward + backward alone 1.7x faster, a whole compiled gpt small step ~4% (batch 32,
+    # T 256; benchmarks/RESULTS.md).
+    attention_impl = "sdpa"
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.head_dim = cfg.d_model // cfg.n_head                    # D = C / H
@@ -52,8 +77,11 @@ class CausalSelfAttention(nn.Module):
         # -1 heads: all H here, H / tp on a tensor-parallel rank (whose qkv output is a row slice)
         qkv = self.qkv(x).view(B, T, -1, 3, self.head_dim)          # (B, T, H, 3, D)
         q, k, v = qkv.transpose(1, 2).unbind(dim=3)                  # 3 x (B, H, T, D)
-        y = F.scaled_dot_product_attention(                          # (B, H, T, D)
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        p = self.dropout if self.training else 0.0
+        if self.attention_impl == "math" and q.shape[0] * q.shape[1] * T * T <= MATH_ATTENTION_MAX_SCORES:
+            y = math_attention(q, k, v, p)                          # (B, H, T, D)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)   # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))        # (B, T, H*D) -> (B, T, C)
 
 
