@@ -23,11 +23,10 @@ TINY = ["--model.n_layer", "2", "--model.d_model", "64", "--model.n_head", "2", 
 
 
 @pytest.fixture(scope="session", autouse=True)
-def distributed_env(tmp_path_factory):
-    """A private measured-ceiling cache, one thread per worker, loopback for gloo."""
-    saved = {k: os.environ.get(k) for k in ("TENSORPILOT_CACHE", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")}
-    os.environ.update(TENSORPILOT_CACHE=str(tmp_path_factory.mktemp("cache")), OMP_NUM_THREADS="1",
-                      GLOO_SOCKET_IFNAME="lo")
+def distributed_env():
+    """One thread per worker, loopback for gloo (the cache directory: tests/conftest.py)."""
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")}
+    os.environ.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     yield
     for k, v in saved.items():
         if v is None:

@@ -8,25 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 # tiny, fast settings: a 2-layer 64-wide gpt, 32-byte context, no compilation
 FAST = ["--model.n_layer", "2", "--model.d_model", "64", "--model.n_head", "2", "--model.seq_len", "32",
         "--batch-size", "8", "--compile", "off", "--data.max_bytes", "400000",
         "--train.eval_batches", "2", "--logging.progress", "lines"]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def shared_cache(tmp_path_factory):
-    """One measured-ceiling cache for the whole session (measuring costs ~1 s), never ~/.cache."""
-    path = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("TENSORPILOT_CACHE")
-    os.environ["TENSORPILOT_CACHE"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("TENSORPILOT_CACHE", None)
-    else:
-        os.environ["TENSORPILOT_CACHE"] = old
 
 
 def run_cli(*args: str, cwd: Path | None = None, check: bool = False, timeout: float = 300):

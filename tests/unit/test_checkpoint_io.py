@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from malicious import EXECUTED, Payload   # a pickle that runs code when loaded
 from tensorpilot.errors import CheckpointError
 from tensorpilot.training import checkpoint as ckpt
 from tensorpilot.workloads.gpt import GPT, GPTConfig
@@ -270,19 +271,6 @@ def test_loading_into_a_model_with_fewer_layers(tmp_path):
         ckpt.load(path, one_layer)
 
 
-EXECUTED = []
-
-
-def _side_effect():
-    EXECUTED.append(True)
-    return "pwned"
-
-
-class Payload:
-    """Unpickling this calls _side_effect: what a malicious state.pt would do."""
-
-    def __reduce__(self):
-        return (_side_effect, ())
 
 
 def test_state_with_pickled_object_is_refused(tmp_path):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from malicious import EXECUTED, Payload   # a pickle that runs code when loaded
 from tensorpilot.errors import ConfigError
 from tensorpilot.workloads.data import (
     ByteWindows,
@@ -283,19 +284,6 @@ def test_load_tensors_unsupported_suffix_and_garbage(tmp_path):
         load_tensors(str(tmp_path / "bad.pt"), None)
 
 
-EXECUTED = []
-
-
-def _side_effect():
-    EXECUTED.append(True)
-    return "pwned"
-
-
-class Payload:
-    """Unpickling this calls _side_effect: what a malicious data file would do."""
-
-    def __reduce__(self):
-        return (_side_effect, ())
 
 
 def test_load_tensors_refuses_pickled_objects(tmp_path):

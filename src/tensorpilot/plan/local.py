@@ -11,13 +11,16 @@ else the planner's default.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from tensorpilot.hardware.catalog import Accelerator
 
 
+@lru_cache(maxsize=8)
 def local_accelerator(caps: Any) -> Accelerator:
-    """``caps``: a ``tensorpilot.hardware.device.DeviceCaps`` (imports torch through the probe)."""
+    """``caps``: a ``tensorpilot.hardware.device.DeviceCaps`` (imports torch through the probe).
+    Cached per process: autotune's predictions and the run summary ask for the same device."""
     from tensorpilot.hardware import catalog
     from tensorpilot.hardware.peak import device_peak
     from tensorpilot.hardware.probe import copy_bandwidth, load_cached

@@ -159,8 +159,6 @@ def load(run: str | None = None, factory: str | None = None, weights: str | None
     if run and factory:
         raise UsageError("give either --run or --model/--weights, not both.")
     if run:
-        if not Path(run).expanduser().exists():
-            raise CheckpointError(f"run directory {run!r} does not exist.")
         ckpt = ckpt_io.find_checkpoint(run)
         meta = ckpt_io.read_meta(ckpt)
         kind = meta.get("workload", {}).get("kind", "custom")

@@ -38,6 +38,7 @@ import torch
 from tensorpilot.hardware.device import DeviceCaps
 
 TRIAL_STEPS = 2           # timed steps per candidate, after one untimed warm-up step ...
+MIN_TRIAL = 1 + TRIAL_STEPS
 MIN_TRIAL_S = 0.5         # ... and at least this long in all (a 20 ms step needs ~25 samples)
 MAX_EAGER_TRIALS = 4      # measure at most this many of the ranked eager candidates
 DEFAULT_BUDGET_FRACTION = 0.10
@@ -366,6 +367,11 @@ class Tuner:
         self.compile_requested, self.remaining = compile_requested, remaining_steps
         self.apply, self.clock = apply or apply_candidate, clock
 
+    def _steps_left(self, trials: list[Trial]) -> int:
+        """Steps a new trial may take: the run's remaining steps minus those trials used, keeping
+        one minimal trial's worth for the run itself."""
+        return self.remaining - sum(t.steps for t in trials) - MIN_TRIAL
+
     def _measure(self, cand: Candidate, trial: Trial, max_steps: int) -> None:
         """One warm-up step, then at least TRIAL_STEPS timed steps and at least MIN_TRIAL_S of
         them (short steps are noisy), never more than ``max_steps`` steps in all."""
@@ -393,22 +399,22 @@ class Tuner:
                               f"({smallest[1].note}); use a smaller model or batch.")
         trials: list[Trial] = []
         budget = self.budget_s
-        if self.remaining < 2 * (1 + TRIAL_STEPS):      # too short a run to measure anything
+        if self._steps_left([]) < MIN_TRIAL:              # too short a run to measure anything
             chosen = ranked[0][0]
             self.apply(self.t, chosen)
             return TuneResult(chosen, f"{chosen.label}: first by {'prediction' if ranked[0][1].step_s else 'rule'} "
                               f"(the run's {self.remaining} steps are too few for trials)", [], ruled_out,
                               rules, budget or 0.0, self.clock() - t_start)
         for cand, pred in ranked[:MAX_EAGER_TRIALS]:
-            if sum(t.steps for t in trials) + 2 * (1 + TRIAL_STEPS) > self.remaining:
-                break                     # keep at least one trial's worth of steps for the run itself
+            if self._steps_left(trials) < MIN_TRIAL:
+                break
             if trials and budget is not None:
                 best = min(t.measured_step_s for t in trials if t.measured_step_s)
-                expected = (pred.step_s or best) * (1 + TRIAL_STEPS)
+                expected = (pred.step_s or best) * MIN_TRIAL
                 if self.clock() - t_start + expected > budget:
                     break
             trial = Trial(cand, pred)
-            self._measure(cand, trial, self.remaining - sum(t.steps for t in trials) - (1 + TRIAL_STEPS))
+            self._measure(cand, trial, self._steps_left(trials))
             trials.append(trial)
             if budget is None:            # default budget: a fraction of the run at the first speed
                 budget = DEFAULT_BUDGET_FRACTION * self.remaining * trial.measured_step_s
@@ -431,7 +437,7 @@ class Tuner:
                                                 self.remaining - done, best.measured_step_s)
         extra["compile_decision"] = why
         left_s = (budget or 0.0) - (self.clock() - t_start)
-        if decision and (left_s < COMPILE_TRIAL_ESTIMATE_S or done + 1 + TRIAL_STEPS > self.remaining):
+        if decision and (left_s < COMPILE_TRIAL_ESTIMATE_S or self._steps_left(trials) < 0):
             # no budget left to measure it: compile by the rule alone (the loop falls back to
             # eager if compilation fails), as compile=auto does without --optimize
             chosen = replace(eager_best, compile=True)
@@ -445,7 +451,7 @@ class Tuner:
                 cand = replace(eager_best, compile=True, compile_mode=mode)
                 trial = Trial(cand, Prediction(True, None, None, "compiled variant of the eager winner"))
                 try:
-                    self._measure(cand, trial, self.remaining - sum(t.steps for t in trials) - (1 + TRIAL_STEPS))
+                    self._measure(cand, trial, self._steps_left(trials))
                 except Exception as exc:  # noqa: BLE001 - compile failures fall back to eager
                     trial.note = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:150] if str(exc) else ''}"
                     self.t.opt.zero_grad(set_to_none=True)

@@ -57,12 +57,12 @@ def find_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a run directory (its newest) or a checkpoint directory."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise CheckpointError(f"cannot resume: {str(path)!r} does not exist.")
+        raise CheckpointError(f"run or checkpoint directory {str(path)!r} does not exist.")
     if (p / "meta.json").exists() or STEP_DIR.match(p.name):
         return p
     ckpts = list_checkpoints(p / "checkpoints")
     if not ckpts:
-        raise CheckpointError(f"cannot resume: {str(path)!r} holds no complete checkpoint.")
+        raise CheckpointError(f"{str(path)!r} holds no complete checkpoint (checkpoints/step_N with meta.json).")
     return ckpts[-1]
 
 

@@ -1,4 +1,5 @@
-"""Unit tier: nothing writes to the user's cache (the trainer caches measured ceilings there)."""
+"""All tiers: nothing writes to the user's cache (the trainer caches measured ceilings there).
+One cache per test session, shared by every tier: measuring a ceiling costs ~1 s."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
-def unit_cache_dir(tmp_path_factory):
+def session_cache_dir(tmp_path_factory):
     """$TENSORPILOT_CACHE points at a per-session temporary directory, never ~/.cache."""
     path = tmp_path_factory.mktemp("tensorpilot-cache")
     old = os.environ.get("TENSORPILOT_CACHE")
