@@ -9,7 +9,8 @@ same order: sample i of ByteWindows is a fixed window), same optimizer settings 
   (c) accelerate   Hugging Face Accelerate, mixed_precision="bf16"
   (d) tensorpilot  `tensorpilot train --optimize auto` (tuning included in its time)
 
-Each arm runs in its own process, one after another. Every arm then evaluates its final weights
+Each arm runs in its own process, one after another, with an empty inductor cache (compiling
+arms pay what a first run pays). Every arm then evaluates its final weights
 with the same function, on the same 16 validation batches, in fp32 — so "validation loss after
 equal tokens" compares the weights, not the evaluation code.
 
@@ -213,8 +214,11 @@ def run_arm(arm: str, args, tmp: str) -> dict:
     hz, ncpu = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     b0, t0 = busy_ticks(), time.perf_counter()
+    # an empty inductor cache per arm: compiling arms pay what a first run pays, and no arm
+    # reuses kernels another arm (or an earlier benchmark) compiled
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/{arm}-inductor-cache"}
     proc = subprocess.run([sys.executable, __file__, "--child", arm, args.size, str(args.batch_size),
-                           str(args.steps), f"{tmp}/{arm}"], capture_output=True, text=True, cwd=HERE)
+                           str(args.steps), f"{tmp}/{arm}"], capture_output=True, text=True, cwd=HERE, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode:
         return {"arm": arm, "error": proc.stderr[-3000:]}

@@ -102,8 +102,7 @@ class Parallel:
         # 4. compile per block (not the whole model): graph breaks stay inside a block and
         #    FSDP's/DDP's hooks between blocks stay in eager Python
         if compile:
-            for block in blocks or engine.repeated_blocks(model):
-                block.compile()
+            engine.compile_blocks(blocks or engine.repeated_blocks(model))
         # 5. data parallelism last: it must see the final parameters (DTensors under TP)
         step_model = model
         if lay.dp > 1 and lay.sharding == "fsdp":

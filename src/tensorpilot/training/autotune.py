@@ -500,7 +500,7 @@ def apply_candidate(trainer, cand: Candidate) -> None:
         trainer.model.to(memory_format=torch.channels_last if cand.channels_last else torch.contiguous_format)
         trainer._channels_last = cand.channels_last
     trainer.compiled = cand.compile
-    trainer.step_model = engine.apply_compile(trainer.model, cand.compile_mode, trainer.device.type) \
+    trainer.step_model = engine.apply_compile(engine.undo_compile(trainer.model), cand.compile_mode) \
         if cand.compile else engine.undo_compile(trainer.model)
     trainer._compile_unproven = False
 

@@ -47,10 +47,12 @@ def remove_activation_checkpointing(model: nn.Module) -> None:
             del block.forward                      # the class's forward shows through again
 
 
-# Measured on the 2-core dev CPU (benchmarks/RESULTS.md): compiling the tiny gpt costs ~25 s and
-# saves ~25% of a step; the small gpt ~16 s for ~15%. Compilation repays itself after roughly
-# 100 s of eager training; 'auto' asks for twice that.
-COMPILE_WORTH_S = 200.0
+# Measured on the 2-core dev CPU (benchmarks/RESULTS.md), per-block compilation with a cold
+# inductor cache: gpt small ~17-20 s to compile for 8-10% off an eager step that already uses the
+# blocked CPU attention (545 -> 500 ms at 16 x 256 tokens). Compilation repays itself after roughly
+# 200 s of eager training; 'auto' asks for twice that (a warm cache, ~3 s, would pay much sooner,
+# but a first run cannot know it has one).
+COMPILE_WORTH_S = 400.0
 
 
 def compile_decision(requested: str, caps: DeviceCaps, remaining_steps: int,
@@ -87,17 +89,45 @@ def set_attention(model: nn.Module, impl: str) -> int:
     return len(mods)
 
 
-def apply_compile(model: nn.Module, mode: str = "default", device_kind: str | None = None) -> nn.Module:
-    """``mode="reduce-overhead"`` adds CUDA graphs (replaying a step's kernels in one launch):
-    for GPUs with static shapes, where launch overhead dominates small steps. On a CPU the
-    attention is switched to the materialised form inductor fuses (faster than the CPU flash
-    kernel; ``undo_compile`` switches it back if compilation fails)."""
-    if device_kind == "cpu":
-        set_attention(model, "math")
+def choose_attention(model: nn.Module, device_kind: str) -> str | None:
+    """The attention kernels for this device, for models that offer a choice; returns what was
+    chosen and why (None: the model offers no choice). On a CPU the blocked, materialised "math"
+    attention beats PyTorch's CPU flash kernel, eager and compiled (gpt small, bf16, one step:
+    eager 601 vs 700 ms, compiled 442-490 ms; tiny 44 vs 61 ms; fp32 a tie; benchmarks/RESULTS.md);
+    elsewhere the fused SDPA kernels (flash / memory-efficient) win."""
+    impl = "math" if device_kind == "cpu" else "sdpa"
+    if not set_attention(model, impl):
+        return None
+    return ("math: causal blocks of plain matmuls (faster than the CPU flash kernel)" if impl == "math"
+            else "sdpa: fused flash / memory-efficient kernels")
+
+
+def compile_blocks(blocks: list[nn.Module]) -> None:
+    """Regional compilation: each repeated block gets ``nn.Module.compile`` in place. Identical
+    blocks share one compiled graph, so a cold compile costs about one block (gpt small on the dev
+    CPU: 17 s instead of 28 s for the whole model, same step time within 2%); parameter names
+    and the model object stay unchanged."""
+    for block in blocks:
+        block.compile()
+
+
+def apply_compile(model: nn.Module, mode: str = "default") -> nn.Module:
+    """Returns the module to step. ``mode="default"``: per repeated block (``compile_blocks``),
+    or the whole model when it has no repeated blocks. ``mode="reduce-overhead"`` adds CUDA
+    graphs (replaying a step's kernels in one launch, for GPUs with static shapes, where launch
+    overhead dominates small steps), over the whole model: the larger the region, the fewer
+    graph launches."""
+    blocks = repeated_blocks(model)
+    if mode == "default" and blocks:
+        compile_blocks(blocks)
+        return model
     return torch.compile(model, mode=None if mode == "default" else mode)
 
 
 def undo_compile(model: nn.Module) -> nn.Module:
-    """The eager model again, with the attention kernels eager runs fastest."""
-    set_attention(model, "sdpa")
+    """The eager model again (the caller drops a whole-model wrapper; per-block compilation is
+    removed here: ``nn.Module.compile`` keeps its compiled call in the instance's
+    ``_compiled_call_impl``, whose class default is None)."""
+    for block in repeated_blocks(model):
+        block.__dict__.pop("_compiled_call_impl", None)
     return model

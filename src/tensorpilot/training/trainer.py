@@ -124,6 +124,7 @@ class Trainer:
             self._workload = registry.build(cfg.model, cfg.data, cfg.train.seed)
         self.workload = wl = self._workload
         self.model = wl.model.to(self.device)
+        self.attention = engine.choose_attention(self.model, self.device.type)
         self.n_params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
 
         # FLOPs of one micro-batch, counted before any wrapping (model FLOPs, not recompute)
@@ -185,6 +186,8 @@ class Trainer:
             f"cosine to {cfg.optim.min_lr_ratio:g}x; batch {cfg.data.batch_size} x {cfg.engine.grad_accum} "
             f"micro-batches" + (f"; activation checkpointing on {self.ac_blocks} blocks" if self.ac_blocks else "")
             + (f"; {len(self.frozen)} frozen tensors" if self.frozen else ""))
+        if self.attention:
+            say(f"  attention: {escape(self.attention)}")
         if self.par.active:
             say(f"  parallel:  {escape(self.par.describe())}")
         if resume_from is not None:
@@ -266,8 +269,7 @@ class Trainer:
         if self.par.active:                             # compiled per block (or not) in parallelize
             self.step_model, self._compile_unproven = self.dist_model, False
             return
-        self.step_model = engine.apply_compile(self.model, device_kind=self.device.type) if on else \
-            engine.undo_compile(self.model)
+        self.step_model = engine.apply_compile(self.model) if on else engine.undo_compile(self.model)
         self._compile_unproven = on
 
     def _maybe_compile(self, eager_step_s: float) -> None:
@@ -379,6 +381,10 @@ class Trainer:
     def evaluate(self) -> float:
         """Mean loss over the same ``eval_batches`` validation micro-batches every time (eager:
         evaluation would otherwise cost a second compilation for eval mode)."""
+        with torch.compiler.set_stance("force_eager"):    # compiled blocks run their eager code
+            return self._evaluate()
+
+    def _evaluate(self) -> float:
         val = self.workload.val_data
         if val is None:
             return float("nan")

@@ -1,6 +1,6 @@
 """A decoder-only transformer (GPT-2 style): pre-LayerNorm blocks, causal attention through
-``scaled_dot_product_attention`` (flash/efficient kernels where available), GeLU MLP, learned
-positions, optionally tied head. Shapes: B batch, T time, C = d_model, H heads, V vocab.
+``scaled_dot_product_attention`` (flash/efficient kernels) or, on CPUs, blocked plain matmuls
+(``math_attention``), GeLU MLP, learned positions, optionally tied head. Shapes: B batch, T time, C = d_model, H heads, V vocab.
 
 Model code never imports torch.distributed; parallelism is applied from outside.
 """
@@ -41,25 +41,49 @@ SIZES: dict[str, dict[str, int]] = {
 MATH_ATTENTION_MAX_SCORES = 2**28
 
 
-def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+# Query rows per block of math_attention. Measured on the 2-core dev CPU (bf16, compiled, head_dim
+# 64, forward + backward of one layer; benchmarks/RESULTS.md): T 256: one block 25-34 ms, blocks of
+# 128 rows 13.5 ms; T 512: 61-76 ms vs 22 ms; T 128: one block either way. Smaller blocks skip
+# more of the masked half but run more, smaller matmuls (blocks of 64 at T 256: 14 ms, of 32: 21).
+ATTENTION_QUERY_BLOCK = 128
+
+
+def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                   block: int = ATTENTION_QUERY_BLOCK) -> torch.Tensor:
     """Causal attention with the scores materialised by plain matmuls: (B, H, T, D) -> (B, H, T, D).
-    Softmax in fp32 (bf16 exponent sums lose digits). Under torch.compile the scale, mask and
-    softmax fuse into one kernel; see CausalSelfAttention.attention_impl."""
+
+    The queries go in blocks of ``block`` rows; block [s, e) attends to keys [0, e) only, so the
+    fully masked upper triangle right of the diagonal block is never computed (about
+    (n-1)/(2n) of the scores for n blocks), and each block's (B, H, block, e) scores stay small
+    enough to be reused from cache between the matmul, softmax and matmul. The mask comes from
+    index comparisons, which inductor computes in-register instead of loading a (T, T) tensor; the
+    scale goes on the queries (D columns, not e). Softmax stays in the input dtype: PyTorch's CPU
+    kernel and inductor both sum the exponentials in fp32 for bf16/fp16 inputs. Against an fp64
+    reference the output error equals an explicit fp32 softmax's, dq's is ~1.5x larger, all within
+    2x of fused SDPA's (tests/unit/test_engine.py); in exchange, no casts: forward + backward of
+    one gpt-small layer 17-20 ms instead of 29-35 ms eager. Under
+    torch.compile mask and softmax fuse into one kernel per block; see
+    CausalSelfAttention.attention_impl."""
     T = q.shape[-2]
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))           # (B, H, T, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    att = torch.softmax(att.float().masked_fill(~causal, float("-inf")), dim=-1).to(q.dtype)
-    if dropout_p:
-        att = F.dropout(att, dropout_p)
-    return att @ v
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    rows = torch.arange(T, device=q.device)
+    outs = []
+    for s in range(0, T, block):
+        e = min(s + block, T)
+        att = (q[:, :, s:e] * scale) @ k[:, :, :e].transpose(-2, -1)           # (B, H, e-s, e)
+        future = rows[None, :e] > rows[s:e, None]                              # (e-s, e) key after query
+        att = torch.softmax(att.masked_fill(future, float("-inf")), dim=-1)     # fp32 sums inside
+        if dropout_p:
+            att = F.dropout(att, dropout_p)
+        outs.append(att @ v[:, :, :e])                                         # (B, H, e-s, D)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
 class CausalSelfAttention(nn.Module):
     # "sdpa": F.scaled_dot_product_attention (flash / memory-efficient kernels: the default, and
-    # the right choice on GPUs). "math": math_attention, set by the engine when it compiles on a
-    # CPU, where inductor fuses it and PyTorch's CPU flash kernel is slow at head_dim 64: attention
-    # forward + backward alone 1.7x faster, a whole compiled gpt small step ~4% (batch 32,
-    # T 256; benchmarks/RESULTS.md).
+    # the right choice on GPUs). "math": math_attention, chosen by the engine on CPUs
+    # (engine.choose_attention), where PyTorch's CPU flash kernel is slow at head_dim 64 and the
+    # blocked matmuls are faster eager and fuse under inductor.
     attention_impl = "sdpa"
 
     def __init__(self, cfg: GPTConfig):
@@ -85,6 +109,16 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))        # (B, T, H*D) -> (B, T, C)
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GeLU, tanh approximation (GPT-2's). Eager: PyTorch's fused kernel. Compiled: the same function
+    as x * sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3), since 0.5 (1 + tanh z) = sigmoid(2z):
+    inductor's vectorised CPU tanh is slow, and forward + backward of the sigmoid form measured
+    3.6x faster on the dev CPU (bf16, 4096 x 1536: 4.3 vs 15.6 ms; benchmarks/RESULTS.md)."""
+    if not torch.compiler.is_compiling():
+        return F.gelu(x, approximate="tanh")
+    return x * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -93,7 +127,7 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+        return self.drop(self.proj(gelu_tanh(self.fc(x))))
 
 
 class Block(nn.Module):
