@@ -3,8 +3,10 @@ one process on the same gpt config and the same data (the foundation issue's ben
 
 Arms (all on the built-in gpt, the same stdlib byte corpus, the same batch):
   tp        tensorpilot Trainer, precision=bf16, compile=on (explicit)
-  hand      a minimal hand-written loop with the same techniques: bf16 autocast, torch.compile,
-            AdamW (same implementation, decay groups, schedule), gradient clipping
+  hand      a minimal hand-written loop with the same techniques: bf16 autocast, torch.compile
+            per block (PyTorch's regional-compilation recipe), the gpt's blocked CPU attention
+            (its public ``attention_impl`` switch), AdamW (same implementation, decay groups,
+            schedule), gradient clipping
   tp-auto   tensorpilot Trainer with its defaults: precision=auto, compile=auto
   tutorial  the plain fp32 eager loop of the popular tutorials (AdamW, zero_grad/backward/step)
 
@@ -62,7 +64,11 @@ class HandLoop:
             cosine = lambda s: (s + 1) / warmup if s < warmup else min_ratio + (1 - min_ratio) * 0.5 * (
                 1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, steps - warmup))))
             self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine)
-        self.fwd = torch.compile(self.model) if compiled else self.model
+        self.fwd = self.model
+        if compiled:     # the same choices tensorpilot makes on a CPU, written out by hand
+            for block in self.model.blocks:
+                block.attn.attention_impl = "math"
+                block.compile()
         self.bf16, self.clip = bf16, clip
 
     def step(self) -> float:

@@ -224,3 +224,48 @@ def test_a_lower_ranked_candidate_must_beat_the_incumbent_by_more_than_noise():
                  compile_requested="off", remaining_steps=1000, apply=lambda _, c: state.update(c=c), clock=clock
                  ).run([at.Candidate("bf16", m, 8 // m) for m in (8, 4, 2)], at.rule_choices(CPU_BF16, data_in_memory=True))
     assert r.chosen.micro_batch == 8                       # none beat the first by more than 3%
+
+
+def compile_tuner(budget_s, eager, compiled, compile_s=20.0):
+    """A Tuner over fake steps: ``eager`` / ``compiled`` map micro-batch -> step seconds, and the
+    first step after switching to a compiled candidate also pays ``compile_s``."""
+    clock, state = FakeClock(), {"fresh": False}
+
+    def apply(_, c):
+        state.update(c=c, fresh=c.compile)
+
+    def step():
+        c = state["c"]
+        clock.now += (compiled if c.compile else eager)[c.micro_batch] + (compile_s if state["fresh"] else 0.0)
+        state["fresh"] = False
+
+    tuner = at.Tuner(SimpleNamespace(caps=CPU_BF16, opt=None), step, budget_s=budget_s, predictor=None,
+                     compile_requested="on", remaining_steps=10_000, apply=apply, clock=clock)
+    cands = [at.Candidate("bf16", m, 32 // m) for m in (32, 16)]
+    return tuner.run(cands, at.rule_choices(CPU_BF16, data_in_memory=True)), state
+
+
+def test_compiled_runner_up_can_win_when_the_budget_holds_a_second_compilation():
+    # eagerly 32 x 1 wins (1.00 vs 1.05 s: within the reorder margin); compiled, 16 x 2 is faster
+    r, state = compile_tuner(200.0, eager={32: 1.00, 16: 1.05}, compiled={32: 0.95, 16: 0.80})
+    assert [(t.candidate.micro_batch, t.candidate.compile) for t in r.trials] == \
+        [(32, False), (16, False), (32, True), (16, True)]
+    assert r.chosen == at.Candidate("bf16", 16, 2, compile=True) and state["c"] == r.chosen
+    assert "fastest of 2 compiled" in r.reason
+
+
+def test_without_budget_for_a_second_compilation_only_the_eager_winner_is_compiled():
+    # 6.15 s of eager trials + 22.85 s for the first compile trial leave 21 s of 50:
+    # less than COMPILE_TRIAL_ESTIMATE_S
+    r, state = compile_tuner(50.0, eager={32: 1.00, 16: 1.05}, compiled={32: 0.95, 16: 0.80})
+    assert [(t.candidate.micro_batch, t.candidate.compile) for t in r.trials] == \
+        [(32, False), (16, False), (32, True)]
+    assert r.chosen == at.Candidate("bf16", 32, 1, compile=True) and state["c"] == r.chosen
+    assert r.extra["compile_trials_skipped"] == ["bf16 16x2 compile"]
+
+
+def test_a_runner_up_far_behind_eagerly_gets_no_compiled_trial():
+    r, _ = compile_tuner(1e9, eager={32: 1.00, 16: 1.30}, compiled={32: 0.95, 16: 0.50})
+    assert [(t.candidate.micro_batch, t.candidate.compile) for t in r.trials] == \
+        [(32, False), (16, False), (32, True)]
+    assert r.chosen == at.Candidate("bf16", 32, 1, compile=True)
