@@ -517,8 +517,8 @@ def apply_candidate(trainer, cand: Candidate) -> None:
     trainer.compiled = cand.compile
     # static shapes: each micro-batch tried gets its own graph instead of one dynamic-shape graph
     # (slower, and it would misjudge the trial); the run keeps one micro-batch after tuning
-    trainer.step_model = engine.apply_compile(engine.undo_compile(trainer.model), cand.compile_mode,
-                                              dynamic=False) if cand.compile else engine.undo_compile(trainer.model)
+    eager = engine.undo_compile(trainer.model)
+    trainer.step_model = engine.apply_compile(eager, cand.compile_mode, dynamic=False) if cand.compile else eager
     trainer._compile_unproven = False
 
 

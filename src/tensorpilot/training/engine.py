@@ -92,9 +92,9 @@ def set_attention(model: nn.Module, impl: str) -> int:
 def choose_attention(model: nn.Module, device_kind: str) -> str | None:
     """The attention kernels for this device, for models that offer a choice; returns what was
     chosen and why (None: the model offers no choice). On a CPU the blocked, materialised "math"
-    attention beats PyTorch's CPU flash kernel, eager and compiled (gpt small, bf16, one step:
-    eager 601 vs 700 ms, compiled 442-490 ms; tiny 44 vs 61 ms; fp32 a tie; benchmarks/RESULTS.md);
-    elsewhere the fused SDPA kernels (flash / memory-efficient) win."""
+    attention beats PyTorch's CPU flash kernel, eager and compiled (one gpt-small layer, bf16:
+    ~2x, benchmarks/cpu_kernels.py; whole steps in scratch runs: gpt small eager 601 vs 700 ms,
+    tiny 44 vs 61 ms, fp32 a tie); elsewhere the fused SDPA kernels (flash / memory-efficient) win."""
     impl = "math" if device_kind == "cpu" else "sdpa"
     if not set_attention(model, impl):
         return None

@@ -1,6 +1,7 @@
 """A decoder-only transformer (GPT-2 style): pre-LayerNorm blocks, causal attention through
 ``scaled_dot_product_attention`` (flash/efficient kernels) or, on CPUs, blocked plain matmuls
-(``math_attention``), GeLU MLP, learned positions, optionally tied head. Shapes: B batch, T time, C = d_model, H heads, V vocab.
+(``math_attention``), GeLU MLP, learned positions, optionally tied head. Shapes: B batch,
+T time, C = d_model, H heads, V vocab.
 
 Model code never imports torch.distributed; parallelism is applied from outside.
 """
@@ -41,10 +42,10 @@ SIZES: dict[str, dict[str, int]] = {
 MATH_ATTENTION_MAX_SCORES = 2**28
 
 
-# Query rows per block of math_attention. Measured on the 2-core dev CPU (bf16, compiled, head_dim
-# 64, forward + backward of one layer; benchmarks/RESULTS.md): T 256: one block 25-34 ms, blocks of
-# 128 rows 13.5 ms; T 512: 61-76 ms vs 22 ms; T 128: one block either way. Smaller blocks skip
-# more of the masked half but run more, smaller matmuls (blocks of 64 at T 256: 14 ms, of 32: 21).
+# Query rows per block of math_attention. benchmarks/cpu_kernels.py (gpt small layer, bf16, T 256,
+# forward + backward): blocks of 128 take 17-19 ms eager or compiled in every run, the same
+# formula as one block 15-32 ms (it leaves the cache when anything else runs), SDPA's CPU flash
+# kernel 37-41 ms. Smaller blocks skip more of the masked half but run more, smaller matmuls.
 ATTENTION_QUERY_BLOCK = 128
 
 
@@ -60,8 +61,8 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p:
     scale goes on the queries (D columns, not e). Softmax stays in the input dtype: PyTorch's CPU
     kernel and inductor both sum the exponentials in fp32 for bf16/fp16 inputs. Against an fp64
     reference the output error equals an explicit fp32 softmax's, dq's is ~1.5x larger, all within
-    2x of fused SDPA's (tests/unit/test_engine.py); in exchange, no casts: forward + backward of
-    one gpt-small layer 17-20 ms instead of 29-35 ms eager. Under
+    2x of fused SDPA's (tests/unit/test_engine.py); in exchange, no casts (scratch measurement,
+    forward + backward of one gpt-small layer eager: 17-20 ms instead of 29-35 ms). Under
     torch.compile mask and softmax fuse into one kernel per block; see
     CausalSelfAttention.attention_impl."""
     T = q.shape[-2]
@@ -112,8 +113,8 @@ class CausalSelfAttention(nn.Module):
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GeLU, tanh approximation (GPT-2's). Eager: PyTorch's fused kernel. Compiled: the same function
     as x * sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3), since 0.5 (1 + tanh z) = sigmoid(2z):
-    inductor's vectorised CPU tanh is slow, and forward + backward of the sigmoid form measured
-    3.6x faster on the dev CPU (bf16, 4096 x 1536: 4.3 vs 15.6 ms; benchmarks/RESULTS.md)."""
+    inductor's vectorised CPU tanh is slow: forward + backward of the sigmoid form is 1.75-2.7x
+    faster on the dev CPU (bf16, 4096 x 1536; benchmarks/cpu_kernels.py)."""
     if not torch.compiler.is_compiling():
         return F.gelu(x, approximate="tanh")
     return x * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
