@@ -21,6 +21,8 @@ validation loss, and the foreign load (share of the machine other processes used
     pip install -e ".[bench]"                       # lightning, accelerate (never package deps)
     python benchmarks/peers.py                      # gpt small, 32 x 256 tokens x 80 steps: ~12 min
     python benchmarks/peers.py --size tiny --steps 20 --arms tutorial,tensorpilot     # smoke test
+    python benchmarks/peers.py --batch-size 16 --steps 320 --arms tensorpilot:16x1,tensorpilot:8x2
+                                                    # rounding alone: same training, two groupings
 """
 
 from __future__ import annotations
@@ -167,15 +169,25 @@ def arm_accelerate(size, batch, steps, run_dir):
     return loop, evaluate(acc.unwrap_model(model), wl), {"accelerate": accelerate.__version__}
 
 
-def arm_tensorpilot(size, batch, steps, run_dir):
+def arm_tensorpilot(size, batch, steps, run_dir, fixed: str | None = None):
     """The CLI as users run it; the loop time is the Trainer's fit (tuning, compilation and its
-    own start/end evaluation included), the weights are read back from its final checkpoint."""
+    own start/end evaluation included), the weights are read back from its final checkpoint.
+    ``fixed`` ("MxA", arm name ``tensorpilot:MxA``): no tuning, bf16 eager, micro-batch M x A
+    accumulation (A x M = the global batch): the same training as the other arms up to rounding,
+    to measure how far rounding alone moves the validation loss."""
     from safetensors.torch import load_file
 
     from tensorpilot.training.checkpoint import find_checkpoint
 
-    cmd = [sys.executable, "-m", "tensorpilot", "train", "--size", size, "--batch-size", str(batch),
-           "--steps", str(steps), "--optimize", "auto", "--lr", str(LR), "--optim.warmup_steps", str(WARMUP),
+    if fixed:
+        micro, accum = (int(v) for v in fixed.split("x"))
+        if micro * accum != batch:
+            raise SystemExit(f"tensorpilot:{fixed}: {micro} x {accum} is not the global batch {batch}")
+        how = ["--batch-size", str(micro), "--engine.grad_accum", str(accum), "--precision", "bf16", "--compile", "off"]
+    else:
+        how = ["--batch-size", str(batch), "--optimize", "auto"]
+    cmd = [sys.executable, "-m", "tensorpilot", "train", "--size", size, *how,
+           "--steps", str(steps), "--lr", str(LR), "--optim.warmup_steps", str(WARMUP),
            "--optim.min_lr_ratio", str(MIN_RATIO), "--seed", str(SEED), "--run-dir", run_dir,
            "--train.eval_interval", str(10**6), "--train.eval_batches", "1",
            "--checkpoint.interval", str(10**6), "--logging.progress", "lines", "--no-logging.tensorboard",
@@ -200,7 +212,8 @@ def child(arm: str, size: str, batch: int, steps: int, run_dir: str) -> None:
     import torch
 
     torch.manual_seed(SEED)
-    loop_s, val, extra = globals()[f"arm_{arm}"](size, batch, steps, run_dir)
+    name, _, fixed = arm.partition(":")
+    loop_s, val, extra = globals()[f"arm_{name}"](size, batch, steps, run_dir, *([fixed] if fixed else []))
     print("RESULT " + json.dumps({"arm": arm, "loop_s": loop_s, "val_loss": val, **extra}))
 
 
@@ -216,9 +229,10 @@ def run_arm(arm: str, args, tmp: str) -> dict:
     b0, t0 = busy_ticks(), time.perf_counter()
     # an empty inductor cache per arm: compiling arms pay what a first run pays, and no arm
     # reuses kernels another arm (or an earlier benchmark) compiled
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/{arm}-inductor-cache"}
+    slug = arm.replace(":", "-")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/{slug}-inductor-cache"}
     proc = subprocess.run([sys.executable, __file__, "--child", arm, args.size, str(args.batch_size),
-                           str(args.steps), f"{tmp}/{arm}"], capture_output=True, text=True, cwd=HERE, env=env)
+                           str(args.steps), f"{tmp}/{slug}"], capture_output=True, text=True, cwd=HERE, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode:
         return {"arm": arm, "error": proc.stderr[-3000:]}
@@ -291,6 +305,9 @@ def main(argv=None) -> int:
     if tp and tp.get("mfu_vs_measured"):
         print(f"tensorpilot chose {tp['chosen']}; steady-state model FLOP/s = {tp['mfu_vs_measured']:.0%} of "
               f"its measured bf16 ceiling (goal >= 60%); tuning {tp['tuning_s']:.1f} s")
+    if len(ok) > 1:
+        vals = [r["val_loss"] for r in ok.values()]
+        print(f"val loss over the arms: {min(vals):.4f} - {max(vals):.4f} (spread {max(vals) - min(vals):.4f})")
     print(f"wrote {args.out}")
     return 0
 

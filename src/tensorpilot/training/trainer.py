@@ -125,6 +125,8 @@ class Trainer:
         self.workload = wl = self._workload
         self.model = wl.model.to(self.device)
         self.attention = engine.choose_attention(self.model, self.device.type)
+        self.host_memory = (engine.retain_freed_host_memory()
+                            if self.device.type == "cpu" and cfg.engine.retain_host_memory else None)
         self.n_params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
 
         # FLOPs of one micro-batch, counted before any wrapping (model FLOPs, not recompute)
@@ -188,6 +190,8 @@ class Trainer:
             + (f"; {len(self.frozen)} frozen tensors" if self.frozen else ""))
         if self.attention:
             say(f"  attention: {escape(self.attention)}")
+        if self.host_memory:
+            say(f"  memory:    {escape(self.host_memory)}")
         if self.par.active:
             say(f"  parallel:  {escape(self.par.describe())}")
         if resume_from is not None:
@@ -517,7 +521,8 @@ class Trainer:
             "precision": self.choice.name, "precision_reason": self.choice.reason,
             "compiled": bool(self.compiled), "compile_reason": self.compile_reason,
             "activation_checkpointing": bool(self.ac_blocks), "grad_accum": cfg.engine.grad_accum,
-            "optimizer": f"AdamW ({self.opt_impl})",
+            "optimizer": f"AdamW ({self.opt_impl})", "attention": self.attention,
+            "host_memory": self.host_memory,
             "steps": self.step, "skipped_steps": skipped,
             "samples_per_s": samples_per_s, "tokens_per_s": (samples_per_s * self.workload.tokens_per_sample
                                                              if samples_per_s and self.workload.tokens_per_sample else None),

@@ -1,6 +1,6 @@
 """A decoder-only transformer (GPT-2 style): pre-LayerNorm blocks, causal attention through
 ``scaled_dot_product_attention`` (flash/efficient kernels) or, on CPUs, blocked plain matmuls
-(``math_attention``), GeLU MLP, learned positions, optionally tied head. Shapes: B batch,
+(``math_attention``), exact-GeLU MLP, learned positions, optionally tied head. Shapes: B batch,
 T time, C = d_model, H heads, V vocab.
 
 Model code never imports torch.distributed; parallelism is applied from outside.
@@ -56,15 +56,16 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p:
     The queries go in blocks of ``block`` rows; block [s, e) attends to keys [0, e) only, so the
     fully masked upper triangle right of the diagonal block is never computed (about
     (n-1)/(2n) of the scores for n blocks), and each block's (B, H, block, e) scores stay small
-    enough to be reused from cache between the matmul, softmax and matmul. The mask comes from
-    index comparisons, which inductor computes in-register instead of loading a (T, T) tensor; the
-    scale goes on the queries (D columns, not e). Softmax stays in the input dtype: PyTorch's CPU
-    kernel and inductor both sum the exponentials in fp32 for bf16/fp16 inputs. Against an fp64
-    reference the output error equals an explicit fp32 softmax's, dq's is ~1.5x larger, all within
-    2x of fused SDPA's (tests/unit/test_engine.py); in exchange, no casts (scratch measurement,
-    forward + backward of one gpt-small layer eager: 17-20 ms instead of 29-35 ms). Under
-    torch.compile mask and softmax fuse into one kernel per block; see
-    CausalSelfAttention.attention_impl."""
+    enough to be reused from cache between the matmul, softmax and matmul. The mask is an additive
+    (e-s, e) bias of 0 / -inf built from index comparisons and added in place to the fresh scores
+    (the matmul saves its inputs, not its output, so in place is safe for autograd; its backward
+    is the identity): no masked copy of the scores forward and no masking kernel backward, which
+    ``masked_fill`` costs (benchmarks/cpu_kernels.py). Under inductor the bias is computed
+    in-register. The scale goes on the queries (D columns, not e). Softmax stays in the input
+    dtype: PyTorch's CPU kernel and inductor both sum the exponentials in fp32 for bf16/fp16
+    inputs. Against an fp64 reference the output error equals an explicit fp32 softmax's, dq's is
+    ~1.5x larger, all within 2x of fused SDPA's (tests/unit/test_engine.py); in exchange, no casts.
+    See CausalSelfAttention.attention_impl."""
     T = q.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1])
     rows = torch.arange(T, device=q.device)
@@ -73,7 +74,8 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p:
         e = min(s + block, T)
         att = (q[:, :, s:e] * scale) @ k[:, :, :e].transpose(-2, -1)           # (B, H, e-s, e)
         future = rows[None, :e] > rows[s:e, None]                              # (e-s, e) key after query
-        att = torch.softmax(att.masked_fill(future, float("-inf")), dim=-1)     # fp32 sums inside
+        bias = torch.zeros(future.shape, dtype=att.dtype, device=att.device).masked_fill_(future, float("-inf"))
+        att = torch.softmax(att.add_(bias), dim=-1)                            # fp32 sums inside
         if dropout_p:
             att = F.dropout(att, dropout_p)
         outs.append(att @ v[:, :, :e])                                         # (B, H, e-s, D)
@@ -110,16 +112,6 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))        # (B, T, H*D) -> (B, T, C)
 
 
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """GeLU, tanh approximation (GPT-2's). Eager: PyTorch's fused kernel. Compiled: the same function
-    as x * sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3), since 0.5 (1 + tanh z) = sigmoid(2z):
-    inductor's vectorised CPU tanh is slow: forward + backward of the sigmoid form is 1.75-2.7x
-    faster on the dev CPU (bf16, 4096 x 1536; benchmarks/cpu_kernels.py)."""
-    if not torch.compiler.is_compiling():
-        return F.gelu(x, approximate="tanh")
-    return x * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
-
-
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -128,7 +120,10 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(gelu_tanh(self.fc(x))))
+        # exact (erf) GeLU, as nanoGPT's MLP; GPT-2 used the tanh approximation. In bf16 on the dev
+        # CPU, PyTorch's erf kernel is ~2x faster than its tanh one, eager, and matches inductor's
+        # compiled forms (benchmarks/cpu_kernels.py)
+        return self.drop(self.proj(F.gelu(self.fc(x))))
 
 
 class Block(nn.Module):
