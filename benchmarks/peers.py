@@ -23,6 +23,8 @@ validation loss, and the foreign load (share of the machine other processes used
     python benchmarks/peers.py --size tiny --steps 20 --arms tutorial,tensorpilot     # smoke test
     python benchmarks/peers.py --batch-size 16 --steps 320 --arms tensorpilot:16x1,tensorpilot:8x2
                                                     # rounding alone: same training, two groupings
+    python benchmarks/peers.py --batch-size 16 --steps 320 --arms accelerate,tensorpilot --seed 1
+                                                    # another initialisation
 """
 
 from __future__ import annotations
@@ -208,9 +210,11 @@ def arm_tensorpilot(size, batch, steps, run_dir, fixed: str | None = None):
 
 
 # ---------------------------------------------------------------------------------- driver
-def child(arm: str, size: str, batch: int, steps: int, run_dir: str) -> None:
+def child(arm: str, size: str, batch: int, steps: int, run_dir: str, seed: int) -> None:
     import torch
 
+    global SEED
+    SEED = seed                       # model initialisation (and the tensorpilot arm's --seed)
     torch.manual_seed(SEED)
     name, _, fixed = arm.partition(":")
     loop_s, val, extra = globals()[f"arm_{name}"](size, batch, steps, run_dir, *([fixed] if fixed else []))
@@ -232,7 +236,8 @@ def run_arm(arm: str, args, tmp: str) -> dict:
     slug = arm.replace(":", "-")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/{slug}-inductor-cache"}
     proc = subprocess.run([sys.executable, __file__, "--child", arm, args.size, str(args.batch_size),
-                           str(args.steps), f"{tmp}/{slug}"], capture_output=True, text=True, cwd=HERE, env=env)
+                           str(args.steps), f"{tmp}/{slug}", str(args.seed)], capture_output=True, text=True,
+                          cwd=HERE, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode:
         return {"arm": arm, "error": proc.stderr[-3000:]}
@@ -248,13 +253,14 @@ def run_arm(arm: str, args, tmp: str) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
-        child(argv[1], argv[2], int(argv[3]), int(argv[4]), argv[5])
+        child(argv[1], argv[2], int(argv[3]), int(argv[4]), argv[5], int(argv[6]))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="small")
     p.add_argument("--batch-size", type=int, default=32, help="global batch (sequences per step)")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--seed", type=int, default=SEED, help="model initialisation seed, the same for every arm")
     p.add_argument("--out", default=str(HERE / "results" / "peers.json"))
     args = p.parse_args(argv)
     sys.path.insert(0, str(HERE))
@@ -279,7 +285,7 @@ def main(argv=None) -> int:
         r["tokens_per_s"] = tokens / r["loop_s"]
     res = {"benchmark": "peers", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "command": "python benchmarks/peers.py " + " ".join(argv), "machine": machine(),
-           "size": args.size, "global_batch": args.batch_size, "steps": args.steps, "tokens": tokens,
+           "size": args.size, "seed": args.seed, "global_batch": args.batch_size, "steps": args.steps, "tokens": tokens,
            "bf16_ceiling_flops_per_s": [ceiling_before, ceiling_after], "arms": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))

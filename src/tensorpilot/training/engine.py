@@ -82,11 +82,14 @@ def remove_activation_checkpointing(model: nn.Module) -> None:
             del block.forward                      # the class's forward shows through again
 
 
-# Measured on the 2-core dev CPU (benchmarks/RESULTS.md), per-block compilation with a cold
-# inductor cache: gpt small ~17-20 s to compile for 8-10% off an eager step that already uses the
-# blocked CPU attention (545 -> 500 ms at 16 x 256 tokens). Compilation repays itself after roughly
-# 200 s of eager training; 'auto' asks for twice that (a warm cache, ~3 s, would pay much sooner,
-# but a first run cannot know it has one).
+# Measured on the 2-core dev CPU, per-block compilation with a cold inductor cache: gpt small
+# ~17-20 s to compile. Session 3: 8-10% off an eager step (545 -> 500 ms at 16 x 256 tokens), so
+# compilation repaid itself after ~200 s of eager training and 'auto' asks for twice that (a warm
+# cache, ~3 s, would pay much sooner, but a first run cannot know it has one). Session 4 sped the
+# eager step up (exact GeLU, additive mask) and the gain is gone: two alternating trainer runs,
+# `tensorpilot train --size small --batch-size 16 --steps 40 --precision bf16 --compile on|off`,
+# compiled 492 / 439 ms vs eager 462 / 461 ms. Which way it goes is model- and device-specific;
+# --optimize auto measures it instead of relying on this rule.
 COMPILE_WORTH_S = 400.0
 
 
