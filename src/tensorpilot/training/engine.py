@@ -41,8 +41,8 @@ def retain_freed_host_memory() -> str | None:
     memory; step time 1.00-1.07x over three runs, i.e. within this machine's noise on 2 cores
     (page-fault handling costs more where many threads fault at once). PyTorch's CPU tuning
     guide gets the same effect by preloading jemalloc or tcmalloc; this needs no preload and no
-    dependency. The cost: the process keeps its peak heap until it exits. Returns a description, or None where not applicable (not Linux/glibc,
-    or mallopt refused)."""
+    dependency. The cost: the process keeps its peak heap until it exits. Returns a description,
+    or None where not applicable (not Linux/glibc, or mallopt refused)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     try:
@@ -86,9 +86,10 @@ def remove_activation_checkpointing(model: nn.Module) -> None:
 # ~17-20 s to compile. Session 3: 8-10% off an eager step (545 -> 500 ms at 16 x 256 tokens), so
 # compilation repaid itself after ~200 s of eager training and 'auto' asks for twice that (a warm
 # cache, ~3 s, would pay much sooner, but a first run cannot know it has one). Session 4 sped the
-# eager step up (exact GeLU, additive mask) and the gain is gone: two alternating trainer runs,
-# `tensorpilot train --size small --batch-size 16 --steps 40 --precision bf16 --compile on|off`,
-# compiled 492 / 439 ms vs eager 462 / 461 ms. Which way it goes is model- and device-specific;
+# eager step up (exact GeLU, additive mask) and the gain became small and uncertain: two
+# alternating trainer runs, `tensorpilot train --size small --batch-size 16 --steps 40
+# --precision bf16 --compile on|off`, compiled 492 / 439 ms vs eager 462 / 461 ms (-6% / +5%);
+# benchmarks/techniques.py +12% with a warm cache. Which way it goes is model- and device-specific;
 # --optimize auto measures it instead of relying on this rule.
 COMPILE_WORTH_S = 400.0
 
