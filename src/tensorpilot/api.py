@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,21 +63,26 @@ def generate(run: str | Path, prompt: str = "", max_new_tokens: int = 200, tempe
 
     from tensorpilot.hardware.device import resolve_device
     from tensorpilot.training import checkpoint as ckpt_io
-    from tensorpilot.workloads.gpt import GPT, GPTConfig
+    from tensorpilot.workloads.gpt import GPT, gpt_config_from_meta
 
-    ckpt = ckpt_io.find_checkpoint(run)
-    meta = ckpt_io.read_meta(ckpt)
-    shape = meta.get("workload", {}).get("gpt")
-    if not shape:
-        raise CheckpointError(f"{str(run)!r} is not a gpt run: generate samples from gpt checkpoints only.")
     if max_new_tokens <= 0:
         raise ConfigError(f"--tokens must be a positive integer, got {max_new_tokens}.")
-    model = GPT(GPTConfig(**shape))
-    ckpt_io.verify(ckpt, meta)
-    ckpt_io.load_weights(ckpt, model)
+    if not (temperature >= 0 and math.isfinite(temperature)) or (top_k is not None and top_k < 0):
+        raise ConfigError("temperature must be a finite number >= 0 and top_k an integer >= 0.")
     dev = torch.device(resolve_device(device))
+    ckpt = ckpt_io.find_checkpoint(run)
+    meta = ckpt_io.read_meta(ckpt)
+    workload = meta.get("workload")
+    if not isinstance(workload, dict) or not workload.get("gpt"):
+        raise CheckpointError(f"{str(run)!r} is not a gpt run: generate samples from gpt checkpoints only.")
+    gcfg = gpt_config_from_meta(workload["gpt"], ckpt)
+    ckpt_io.verify(ckpt, meta)
+    # meta.json's sizes are data: the model is allocated only once they match the weights file
+    model = ckpt_io.build_checked(ckpt, lambda: GPT(gcfg))
+    ckpt_io.load_weights(ckpt, model)
     model.to(dev).eval()
-    ids = list(prompt.encode("utf-8")) or [ord("\n")]
+    # a prompt from a command line may hold undecodable bytes (kept by Python as surrogates)
+    ids = list(prompt.encode("utf-8", errors="surrogateescape")) or [ord("\n")]
     idx = torch.tensor([ids], dtype=torch.long, device=dev)
     g = torch.Generator(device=dev).manual_seed(seed)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=g)

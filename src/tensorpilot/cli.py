@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 import typing
 from typing import Any
 
-from tensorpilot import __version__
-from tensorpilot.errors import TensorpilotError
+from tensorpilot import __version__, argtypes
+from tensorpilot.errors import CheckpointError, ConfigError, TensorpilotError
+
+MAX_GENERATE_TOKENS = 1_000_000      # one forward pass per byte: more would run for hours
 
 # Subcommands that live with their component. Each module defines
 # ``register(sub) -> dict[name, ArgumentParser]`` (argparse only; heavy imports stay inside the
@@ -96,7 +99,11 @@ def build_config(args: argparse.Namespace):
 
         target = args.resume if args.resume != "latest" else given.get("run_dir")
         if target:
-            saved = ckpt_io.read_meta(ckpt_io.find_checkpoint(target)).get("config", {})
+            ckpt = ckpt_io.find_checkpoint(target)
+            saved = ckpt_io.read_meta(ckpt).get("config", {})
+            if not isinstance(saved, dict):
+                raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: its meta.json has no configuration.")
+            _check_factory(saved, given.get("model.name"), ckpt)
             # the layout belongs to this invocation: a checkpoint resumes at any world size
             apply_mapping(cfg, {k: v for k, v in saved.items() if k not in ("run_dir", "resume", "parallel")},
                           source="checkpoint: ")
@@ -105,6 +112,26 @@ def build_config(args: argparse.Namespace):
         apply_mapping(cfg, load_toml(args.config), source=f"{args.config}: ")
     apply_mapping(cfg, overrides_to_mapping(given))
     return cfg.validate()
+
+
+def _check_factory(saved: dict, given: str | None, ckpt) -> None:
+    """A run directory is data, possibly someone else's: the code that builds the model comes
+    from this command line (or is built in), never from the checkpoint's meta.json."""
+    from tensorpilot.config import BUILTIN_MODELS
+
+    model = saved.get("model") if isinstance(saved.get("model"), dict) else {}
+    name = model.get("name")
+    if not isinstance(name, str) or name in BUILTIN_MODELS or name == given:
+        return
+    if given:
+        raise ConfigError(f"cannot resume: the checkpoint was trained with --model {name!r} but this "
+                          f"run asks for {given!r}; drop the override or start a new run.")
+    if name.startswith("python:"):
+        raise ConfigError(f"the checkpoint's model ({name}) was given to tensorpilot.train() as an "
+                          "object: resume it from Python, tensorpilot.train(model, data, "
+                          f"overrides={{'resume': {str(ckpt)!r}}}).")
+    raise ConfigError(f"the checkpoint was trained with the model factory {name!r}, and a run "
+                      f"directory never chooses code to run: add --model {shlex.quote(name)} to resume it.")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -181,12 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Sample text from the newest checkpoint of a gpt training run.")
     ge.add_argument("--run", required=True, metavar="DIR", help="Run directory or checkpoint directory.")
     ge.add_argument("--prompt", default="", help="Text to continue (default: empty).")
-    ge.add_argument("--tokens", type=int, default=200, metavar="N", help="Bytes to generate (default: 200).")
-    ge.add_argument("--temperature", type=float, default=0.8, metavar="X",
+    ge.add_argument("--tokens", type=argtypes.integer(1, MAX_GENERATE_TOKENS), default=200, metavar="N",
+                    help=f"Bytes to generate, at most {MAX_GENERATE_TOKENS:,} (default: 200).")
+    ge.add_argument("--temperature", type=argtypes.number(0, 1e6), default=0.8, metavar="X",
                     help="Sampling temperature; 0 is greedy (default: 0.8).")
-    ge.add_argument("--top-k", type=int, default=40, metavar="K",
+    ge.add_argument("--top-k", type=argtypes.integer(0, 2**31 - 1), default=40, metavar="K",
                     help="Sample among the K likeliest bytes; 0 for all (default: 40).")
-    ge.add_argument("--seed", type=int, default=0, metavar="N", help="Sampling seed (default: 0).")
+    ge.add_argument("--seed", type=argtypes.integer(0, 2**63 - 1), default=0, metavar="N",
+                    help="Sampling seed (default: 0).")
     ge.add_argument("--device", default="auto", help="Device (default: auto).")
     ge.set_defaults(func=cmd_generate)
     hw = sub.add_parser("hw", help="Show this machine's accelerators, their peaks and measured ceilings.",
@@ -197,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Measure the ceilings (matmul per dtype and size, memory bandwidth, host<->device, "
                          "all-reduce); results are cached per machine.")
     hw.add_argument("--refresh", action="store_true", help="Ignore the cache and measure again (with --probe).")
-    hw.add_argument("--allreduce-procs", type=int, default=2, metavar="N",
+    hw.add_argument("--allreduce-procs", type=argtypes.integer(0, 64), default=2, metavar="N",
                     help="Processes for the all-reduce measurement; 0 or 1 skips it (default: 2).")
     hw.add_argument("--quick", action="store_true",
                     help="With --probe: small sizes only, seconds instead of a minute (a smoke test; "
@@ -224,6 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tensorpilot {args.command}: interrupted.", file=sys.stderr)
         return 130
+    except OSError as exc:
+        # the machine refused something no check foresaw (disk full, a file vanished): its
+        # reason and the file, in one sentence; a bug is not an OSError and keeps its traceback
+        from tensorpilot.files import os_reason
+
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        print(f"tensorpilot {args.command}: error: {os_reason(exc)}{where}.", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print(f"tensorpilot {args.command}: error: this machine ran out of memory; use a smaller "
+              "model or batch.", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

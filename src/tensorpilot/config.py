@@ -11,6 +11,9 @@ Pure standard library: importing this module must not import torch.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import math
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -31,6 +34,15 @@ def _f(default: Any, doc: str, **kw: Any) -> Any:
         return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc, **kw})
     return field(default=default, metadata={"doc": doc, **kw})
 
+
+# Bounds on settings whose absurd values would exhaust the machine instead of failing
+MAX_WORKERS = 256                 # DataLoader processes (each a copy of the dataset's process)
+MAX_PROCESSES = 4096              # processes per node, and tp / pp degrees
+MAX_TIMEOUT_S = 7 * 86400.0       # a week; timedelta and the backends' millisecond counters overflow far above
+MAX_BUCKET_MB = 65536.0           # DDP's bucket size is a C++ int64 of bytes
+MAX_SEED = 2**63 - 1              # torch.manual_seed takes a 64-bit integer
+
+BUILTIN_MODELS = ("gpt", "mlp", "cnn")
 
 PrecisionName = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 Switch = Literal["auto", "on", "off"]
@@ -62,8 +74,7 @@ class ModelConfig:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}.")
         if any(w <= 0 for w in self.hidden + self.channels):
             raise ConfigError("model.hidden and model.channels must hold positive integers.")
-        builtin = ("gpt", "mlp", "cnn")
-        if self.name not in builtin and ":" not in self.name:
+        if self.name not in BUILTIN_MODELS and ":" not in self.name:
             raise ConfigError(
                 f"unknown model {self.name!r}: use gpt, mlp, cnn or package.module:factory.")
 
@@ -88,8 +99,8 @@ class DataConfig:
     def validate(self) -> None:
         if self.batch_size <= 0:
             raise ConfigError(f"data.batch_size must be a positive integer, got {self.batch_size}.")
-        if self.num_workers < 0:
-            raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}.")
+        if not 0 <= self.num_workers <= MAX_WORKERS:
+            raise ConfigError(f"data.num_workers must be between 0 and {MAX_WORKERS}, got {self.num_workers}.")
         if not 0.0 < self.val_fraction < 0.5:
             raise ConfigError(f"data.val_fraction must be in (0, 0.5), got {self.val_fraction}.")
         if self.max_bytes <= 0 or self.synthetic_samples <= 0 or self.num_classes < 2:
@@ -100,9 +111,9 @@ class DataConfig:
         for key in ("path", "targets_path"):
             value = getattr(self, key)
             if value is not None:
-                p = Path(value).expanduser()
-                if not p.exists():
-                    raise ConfigError(f"data.{key} {value!r} does not exist.")
+                from tensorpilot.files import existing_path
+
+                p = existing_path(value, f"data.{key}", "file" if key == "targets_path" else "any")
                 if p.is_file() and p.stat().st_size == 0:
                     raise ConfigError(f"data.{key} {value!r} is empty.")
 
@@ -122,8 +133,8 @@ class OptimConfig:
                            "(comma separated, e.g. 'tok_emb.*,blocks.0.*').")
 
     def validate(self) -> None:
-        if self.lr <= 0:
-            raise ConfigError(f"optim.lr must be positive, got {self.lr}.")
+        if not 0 < self.lr <= 1e3:       # finite: coerce refuses nan and inf
+            raise ConfigError(f"optim.lr must be positive (and at most 1000), got {self.lr}.")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.")
         if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
@@ -173,6 +184,9 @@ class TrainConfig:
     max_bad_steps: int = _f(5, "Stop after this many consecutive steps with non-finite "
                             "loss or gradients (each is skipped).")
     deterministic: bool = _f(False, "Use deterministic algorithms (slower on GPU).")
+    memory_check: bool = _f(True, "Before allocating the model, estimate the run's memory (weights, "
+                            "gradients, optimizer state, one micro-batch's activations) and stop with "
+                            "a message if it exceeds what the device has free; off to try anyway.")
 
     def validate(self) -> None:
         if self.steps <= 0:
@@ -180,9 +194,10 @@ class TrainConfig:
         for key in ("eval_interval", "eval_batches", "log_interval", "max_bad_steps"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key} must be a positive integer, got {getattr(self, key)}.")
-        kind = self.device.split(":")[0]
-        if kind not in ("auto", "cpu", "cuda", "mps", "xpu"):
-            raise ConfigError(f"unknown device {self.device!r}: use auto, cpu, cuda[:N], mps or xpu.")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"train.seed must be between 0 and 2**63 - 1, got {self.seed}.")
+        if not re.fullmatch(r"(auto|mps)|(cpu|cuda|xpu)(:\d{1,4})?", self.device):
+            raise ConfigError(f"unknown device {self.device!r}: use auto, cpu, cuda, cuda:N, mps, xpu or xpu:N.")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -239,16 +254,27 @@ class ParallelConfig:
 
     def validate(self) -> None:
         for key in ("tp", "pp", "nproc"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"parallel.{key} must be a positive integer, got {getattr(self, key)}.")
+            if not 0 < getattr(self, key) <= MAX_PROCESSES:
+                raise ConfigError(f"parallel.{key} must be an integer from 1 to {MAX_PROCESSES}, "
+                                  f"got {getattr(self, key)}.")
         if self.dp < 0 or self.pp_microbatches < 0 or self.max_restarts < 0 or self.node_rank < 0:
             raise ConfigError("parallel.dp, parallel.pp_microbatches, parallel.max_restarts and "
                               "parallel.node_rank must not be negative.")
-        if self.timeout_s <= 0 or self.bucket_mb <= 0:
-            raise ConfigError("parallel.timeout_s and parallel.bucket_mb must be positive.")
+        if not 1 <= self.timeout_s <= MAX_TIMEOUT_S:     # torchrun takes whole seconds
+            raise ConfigError(f"parallel.timeout_s must be from 1 to {MAX_TIMEOUT_S:g} seconds "
+                              f"(a week), got {self.timeout_s:g}.")
+        if not 0 < self.bucket_mb <= MAX_BUCKET_MB:
+            raise ConfigError(f"parallel.bucket_mb must be positive and at most {MAX_BUCKET_MB:g}, "
+                              f"got {self.bucket_mb:g}.")
         lo, _, hi = self.nnodes.partition(":")
-        if not (lo.isdigit() and int(lo) > 0 and (not hi or (hi.isdigit() and int(hi) >= int(lo)))):
+        if not (re.fullmatch(r"\d{1,6}", lo) and int(lo) > 0
+                and (not hi or (re.fullmatch(r"\d{1,6}", hi) and int(hi) >= int(lo)))):
             raise ConfigError(f"parallel.nnodes must be N or MIN:MAX, got {self.nnodes!r}.")
+        if self.node_rank >= int((hi or lo)):
+            raise ConfigError(f"parallel.node_rank must be below the number of nodes ({hi or lo}), "
+                              f"got {self.node_rank}.")
+        if self.rdzv_endpoint and not re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:\d{1,5}", self.rdzv_endpoint):
+            raise ConfigError(f"parallel.rdzv_endpoint must be HOST:PORT, got {self.rdzv_endpoint!r}.")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -301,6 +327,49 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def _kind(value: Any) -> str:
+    """How a TOML value reads to a user: 'a list', 'a table', 'a date', ..."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, (datetime.date, datetime.time)):   # datetime is a date too
+        return "a date or time"
+    return repr(value)
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            try:
+                number = float(value)               # accept "1e3"
+            except ValueError:
+                number = math.nan
+            if math.isfinite(number) and number.is_integer():
+                return int(number)
+    raise ValueError(f"expected an integer, got {_kind(value)}")
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except (ValueError, OverflowError):
+            raise ValueError(f"expected a number, got {_kind(value)}") from None
+        if not math.isfinite(number):               # nan/inf never make sense as a setting
+            raise ValueError(f"expected a finite number, got {_kind(value)}")
+        return number
+    raise ValueError(f"expected a number, got {_kind(value)}")
+
+
 def coerce(value: Any, tp: Any, where: str) -> Any:
     """Convert a TOML value or command-line string to the field type ``tp``, or raise ConfigError."""
     tp, optional = _strip_optional(tp)
@@ -312,45 +381,36 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     try:
         if origin is Literal:
             choices = typing.get_args(tp)
+            if not isinstance(value, (str, bool)):
+                raise ValueError(f"expected one of {', '.join(choices)}, got {_kind(value)}")
             text = str(value).lower() if not isinstance(value, bool) else ("on" if value else "off")
             if text not in choices:
                 raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
             return text
         if origin is list:
             (item_tp,) = typing.get_args(tp)
+            if not isinstance(value, (str, list, tuple)):
+                raise ValueError(f"expected a list (comma separated on the command line), got {_kind(value)}")
             items = value.split(",") if isinstance(value, str) else list(value)
             items = [i.strip() if isinstance(i, str) else i for i in items]
             return [coerce(i, item_tp, where) for i in items if i != ""]
         if tp is bool:
             if isinstance(value, bool):
                 return value
-            return _parse_bool(str(value))
+            if not isinstance(value, str):
+                raise ValueError(f"expected true or false, got {_kind(value)}")
+            return _parse_bool(value)
         if tp is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(f"expected an integer, got {value!r}")
-            if isinstance(value, str):
-                try:
-                    return int(value)
-                except ValueError:
-                    try:
-                        number = float(value)  # accept "1e3"
-                    except ValueError:
-                        raise ValueError(f"expected an integer, got {value!r}") from None
-                    if not number.is_integer():
-                        raise ValueError(f"expected an integer, got {value!r}") from None
-                    return int(number)
-            return int(value)
+            return _integer(value)
         if tp is float:
-            if isinstance(value, bool):
-                raise ValueError(f"expected a number, got {value!r}")
-            try:
-                return float(value)
-            except ValueError:
-                raise ValueError(f"expected a number, got {value!r}") from None
+            return _number(value)
         if tp is str:
-            if not isinstance(value, (str, int, float)):
-                raise ValueError(f"expected a string, got {value!r}")
-            return str(value)
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ValueError(f"expected a string, got {_kind(value)}")
+            text = str(value)
+            if any(c in text for c in "\x00\n\r"):
+                raise ValueError("expected one line of text, got a line break or a NUL character")
+            return text
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}.") from None
     raise TypeError(f"unsupported config type {tp!r} for {where}")  # a bug, not user input
@@ -371,8 +431,12 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}.") from None
+    except OSError as exc:
+        from tensorpilot.files import os_reason
+
+        raise ConfigError(f"cannot read config file {str(path)!r}: {os_reason(exc)}.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text.") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

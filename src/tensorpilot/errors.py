@@ -18,6 +18,11 @@ class ConfigError(UsageError):
     """A configuration value that is missing, of the wrong type or out of range."""
 
 
+class PathError(ConfigError):
+    """A path the user named that cannot be read or written: missing, a file where a directory
+    is needed (or the reverse), under a file, not writable, or too long (exit code 2)."""
+
+
 class CheckpointError(TensorpilotError):
     """A checkpoint that is missing, unreadable, corrupt or incompatible with the run."""
 
@@ -28,3 +33,9 @@ class TrainingAborted(TensorpilotError):
     def __init__(self, message: str, exit_code: int = 1):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (or its type name), at most ``limit`` characters:
+    enough to say what a library refused, without its multi-line advice."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]

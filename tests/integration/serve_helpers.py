@@ -94,3 +94,31 @@ def wait_for(cond, what: str, timeout_s: float = 30.0):
             return
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_cli(*args: str, cwd: Path, env: dict) -> tuple:
+    """`python -m tensorpilot serve --port 0 ARGS` in a subprocess: (process, base URL) once its
+    readiness route answers 200 (stdout and stderr merged into ``process.stdout``)."""
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "tensorpilot", "serve", "--port", "0", *args],
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("serving "):
+            url = line.split(" at ")[1].split()[0]
+            break
+    else:
+        raise AssertionError("".join(lines))
+
+    def ready() -> bool:
+        try:
+            return urllib.request.urlopen(url + "/v2/health/ready", timeout=5).status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+    wait_for(ready, "readiness", timeout_s=120)
+    return proc, url

@@ -42,12 +42,13 @@ def test_search_and_deadline(tmp_path):
 def test_validate_reference_file(tmp_path):
     proc = run_cli("plan", "validate", str(REFERENCE), "--json", cwd=tmp_path, check=True)
     d = json.loads(proc.stdout)
-    assert len(d["rows"]) == 43
+    assert len(d["rows"]) == 43 and d["counts"] == {"rows": 43, "predicted": 43, "not_modelled": 0}
     assert d["summary"]["memory"]["median_abs_error"] <= 0.10
     assert d["summary"]["step_time"]["median_abs_error"] <= 0.10
     assert d["summary"]["throughput"]["median_abs_error"] <= 0.10
     proc = run_cli("plan", "validate", str(REFERENCE), cwd=tmp_path, check=True)
     assert "| MEG-01 |" in proc.stdout and "median abs error" in proc.stdout
+    assert "43 rows: 43 predicted, 0 not modelled." in proc.stdout
 
 
 def test_inference_and_hf_config(tmp_path):

@@ -20,7 +20,7 @@ httpx = pytest.importorskip("httpx")
 
 import torch  # noqa: E402
 
-from serve_helpers import GATE_VALUE, SEEN_ROWS, LiveServer, metric, wait_for  # noqa: E402
+from serve_helpers import GATE_VALUE, SEEN_ROWS, LiveServer, metric, start_cli, wait_for  # noqa: E402
 
 from tensorpilot.serve import model as model_mod  # noqa: E402
 from tensorpilot.serve.config import BatchConfig, ServeConfig  # noqa: E402
@@ -253,32 +253,10 @@ def test_openapi_fuzzing_finds_no_server_error(cnn_server):
 
 # --------------------------------------------------------------------------- CLI, gpt, shutdown
 
-def _start_cli(*args: str, cwd: Path, env: dict) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tensorpilot", "serve", "--port", "0", *args],
-                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("serving "):
-            url = line.split(" at ")[1].split()[0]
-            break
-    else:
-        raise AssertionError("".join(lines))
-    wait_for(lambda: _ready(url), "readiness", timeout_s=120)
-    return proc, url
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/v2/health/ready").status_code == 200
-    except httpx.TransportError:
-        return False
-
-
 def test_cli_gpt_generation_matches_tensorpilot_generate_and_streams(runs, tmp_path):
     from tensorpilot.api import generate
 
-    proc, url = _start_cli("--run", str(runs["gpt"]), "--precision", "fp32", "--max-batch-size", "4",
+    proc, url = start_cli("--run", str(runs["gpt"]), "--precision", "fp32", "--max-batch-size", "4",
                            cwd=tmp_path, env=_env())
     try:
         body = {"text_input": "def ", "parameters": {"max_tokens": 12, "temperature": 0}}
@@ -307,7 +285,7 @@ def test_cli_sigterm_finishes_in_flight_request_then_exits(tmp_path):
 
     weights = tmp_path / "w.safetensors"
     save_model(gated(), str(weights))
-    proc, url = _start_cli("--model", "serve_helpers:gated", "--weights", str(weights), "--input-shape", "4",
+    proc, url = start_cli("--model", "serve_helpers:gated", "--weights", str(weights), "--input-shape", "4",
                            "--precision", "fp32", "--max-batch-size", "2", cwd=tmp_path,
                            env=_env(TP_GATE_DIR=str(tmp_path)))
     results: list = []

@@ -103,11 +103,20 @@ def test_meta_records_step_and_checksums(tmp_path):
         assert meta["sha256"][f] == hashlib.sha256((path / f).read_bytes()).hexdigest()
 
 
-def test_saving_an_existing_step_does_not_overwrite_it(tmp_path):
-    first = ckpt.save(tmp_path, 5, tiny_gpt(seed=0), {"step": 5}, {}, keep=2)
-    blob = (first / "model.safetensors").read_bytes()
-    again = ckpt.save(tmp_path, 5, tiny_gpt(seed=1), {"step": 5}, {}, keep=2)
-    assert again == first and (first / "model.safetensors").read_bytes() == blob
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "two-renames"])
+def test_saving_an_existing_step_replaces_it_with_this_runs_weights(tmp_path, monkeypatch, exchange):
+    # an earlier run left step 5; a new run's step 5 must hold the new weights (issue 13: a save
+    # that returned early kept the first run's weights under the second run's summary)
+    if not exchange:                                   # the fallback where the OS cannot swap names
+        monkeypatch.setattr(ckpt, "_exchange", lambda a, b: False)
+    ckpt.save(tmp_path, 5, tiny_gpt(seed=0), {"step": 5}, {}, keep=2)
+    newer = tiny_gpt(seed=1)
+    again = ckpt.save(tmp_path, 5, newer, {"step": 5}, {}, keep=2)
+    assert again == tmp_path / "step_00000005"
+    loaded = tiny_gpt(seed=2)
+    ckpt.load(again, loaded)                           # checksums verified, weights loaded
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), newer.state_dict().values()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000005"]   # nothing left aside
 
 
 # ---------------------------------------------------------------------- find and prune

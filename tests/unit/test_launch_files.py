@@ -1,8 +1,10 @@
-"""`tensorpilot launch slurm|k8s` job files, validated offline; launcher helpers without processes."""
+"""`tensorpilot launch slurm|k8s` job files, validated offline (and hostile input refused or made inert);
+launcher helpers without processes."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from tensorpilot.cli import main
 from tensorpilot.config import ParallelConfig
 from tensorpilot.errors import ConfigError
+from tensorpilot.parallel.jobfiles import check_quantity, check_slurm_time, sbatch_script
 from tensorpilot.parallel.mesh import resolve_layout, slurm_env
 
 # The fields of the Kubeflow training-operator's PyTorchJob CRD (kubeflow.org/v1) that we write,
@@ -88,3 +91,145 @@ def test_slurm_environment_becomes_torch_env():
     assert slurm_env(env) == {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "node01",
                               "MASTER_PORT": str(20000 + 12345 % 20000)}
     assert slurm_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) == {}
+
+
+# ------------------------------------------------------------------ hostile input to the job files
+
+def launch(capsys, *args) -> tuple[int, str]:
+    """`tensorpilot launch ARGS` in this process: (exit code, last line of stderr)."""
+    code = main(["launch", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err[-1] if err else ""
+
+
+def test_a_newline_in_the_job_name_cannot_inject_a_command(tmp_path, capsys):
+    out = tmp_path / "job.sbatch"
+    code, line = launch(capsys, "slurm", "--name", "x\necho INJECTED", "--out", str(out))
+    assert code == 2 and "job name 'x\\necho INJECTED' must be 1-128 letters" in line
+    assert not out.exists()
+    # the writer itself refuses it too: it is public API
+    with pytest.raises(ConfigError, match="job name"):
+        sbatch_script(nodes=1, gpus=1, train_args=[], job_name="x\necho INJECTED", time="1:00:00",
+                      partition=None, checkpoint_dir="/scratch/run")
+
+
+@pytest.mark.parametrize("text", ["30", "30:00", "24:00:00", "100:59:59", "0", "2-0", "2-12", "2-12:30",
+                                  "2-23:59:59", "UNLIMITED", "infinite"])
+def test_slurm_time_formats_accepted(text):
+    check_slurm_time(text)
+
+
+@pytest.mark.parametrize("text", ["", "1h", "-1", "1:2:3:4", "24:60:00", "1:00:60", "2-24", "2-1:60",
+                                  "2-", "-2", "1:00:00\necho x", "1 :00", "1:00:00 ", "9" * 40])
+def test_slurm_time_formats_refused(text):
+    with pytest.raises(ConfigError, match="is not a SLURM time"):
+        check_slurm_time(text)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["slurm", "--name", "a b"], "job name 'a b' must be 1-128 letters"),
+    (["slurm", "--name=-x"], "starting with a letter or digit"),
+    (["slurm", "--partition", "gpu\n#SBATCH --x"], "partition"),
+    (["slurm", "--partition", "gpu;reboot"], "partition"),
+    (["slurm", "--checkpoint-dir", "/s/$(touch PWNED)"], "may name variables"),
+    (["slurm", "--checkpoint-dir", "/s/`touch PWNED`"], "no backticks"),
+    (["slurm", "--checkpoint-dir", "${HOME:-$(touch PWNED)}"], "may name variables"),
+    (["slurm", "--checkpoint-dir", "/s/a\nb"], "no control characters"),
+    (["slurm", "--checkpoint-dir=-rf"], "no leading '-'"),
+    (["slurm", "--nodes", "0"], "--nodes must be a whole number from 1 to 100,000"),
+    (["slurm", "--gpus", "1000"], "--gpus must be a whole number from 1 to 64"),
+    (["slurm", "--", "--data", "a\nb"], "contains a line break"),
+    (["slurm", "--", "--stepz", "5"], "include '--stepz 5', which `tensorpilot train` does not accept"),
+    (["slurm", "--", "--steps"], "argument --steps: expected one argument"),
+    (["slurm", "--", "--run-dir", "/x"], "leave --run-dir out"),
+    (["k8s", "--name", "Bad_Name"], "must be a DNS-1035 label"),
+    (["k8s", "--name", "1abc"], "starting with a letter"),
+    (["k8s", "--name", "a" * 55], "at most 54 characters"),
+    (["k8s", "--name", "a" * 53, "--nodes", "1000"], "at most 52 characters"),   # a...-worker-998
+    (["k8s", "--namespace", "Default"], "namespace 'Default' must be a DNS-1123 label"),
+    (["k8s", "--namespace", "a" * 64], "must be a DNS-1123 label"),
+    (["k8s", "--image", "img with space"], "--image 'img with space' must be an image reference"),
+    (["k8s", "--image", ""], "must be an image reference"),
+    (["k8s", "--pvc-size", "100GB"], "must be a positive Kubernetes quantity"),
+    (["k8s", "--pvc-size", "0Gi"], "must be a positive Kubernetes quantity"),
+    (["k8s", "--pvc-size=-5Gi"], "must be a positive Kubernetes quantity"),
+    (["k8s", "--storage-class", "Fast_SSD"], "storage class 'Fast_SSD' must be a DNS-1123 subdomain"),
+    (["k8s", "--max-restarts", "-1"], "--max-restarts must be a whole number from 0 to 1,000"),
+])
+def test_bad_job_settings_are_one_sentence(tmp_path, capsys, args, needle):
+    out = tmp_path / "job"
+    kind, *rest = args
+    split = rest.index("--") if "--" in rest else len(rest)
+    code, line = launch(capsys, kind, "--out", str(out), *rest[:split], *rest[split:])
+    assert code == 2 and needle in line, line
+    assert not out.exists()
+
+
+def _stub(bin_dir, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def test_sbatch_quoting_keeps_hostile_text_inert(tmp_path):
+    # Run the whole script under bash with scontrol, mkdir and srun replaced by stubs that record
+    # their arguments: every hostile string must arrive as one literal argument, and the `touch`
+    # each payload tries must never run.
+    ckpt = """/scratch/${PROBE}/a b;c&d|e*'f"g\\h"""
+    train = ["--data", "$(touch PWNED1)", "--data", "`touch PWNED2`", "--data", "; touch PWNED3",
+             "--data", "' ; touch PWNED4 ; '", "--data", '" ; touch PWNED5 ; "', "--data", "*", "--data", "ünï €"]
+    script = tmp_path / "job.sbatch"
+    script.write_text(sbatch_script(nodes=2, gpus=4, train_args=train, job_name="job", time="1:00:00",
+                                    partition="gpu", checkpoint_dir=ckpt))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir, "scontrol", "echo node01")
+    _stub(bin_dir, "mkdir", 'printf "%s\\n" "$@" > "$LOG/mkdir"')
+    _stub(bin_dir, "srun", 'printf "%s\\n" "$@" > "$LOG/srun"')
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(tmp_path), "PROBE": "p", "HOME": str(tmp_path),
+           "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_JOB_ID": "7", "LC_ALL": "C.UTF-8"}
+    subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, check=True)
+    expanded = ckpt.replace("${PROBE}", "p")
+    assert (tmp_path / "mkdir").read_text().splitlines() == ["-p", expanded]
+    srun = (tmp_path / "srun").read_text().splitlines()
+    assert srun[srun.index("train") + 1:] == ["--run-dir", expanded, *train]
+    assert "--rdzv-endpoint=node01:29500" in srun
+    assert not list(tmp_path.glob("PWNED*"))
+
+
+def test_k8s_keeps_arguments_literal_and_one_node_valid(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    pvc, job = k8s_docs(tmp_path, "--nodes", "1", "--gpus", "2", "--", "--data", "$(HOME)/x$y")
+    jsonschema.validate(job, PYTORCHJOB_SCHEMA)
+    # Kubernetes expands $(VAR) in a command and reads $$ as $: the argument survives as typed
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"][-2:] == \
+        ["--data", "$$(HOME)/x$$y"]
+    # the operator's webhook refuses an elasticPolicy without workers: one node has none
+    assert "elasticPolicy" not in job["spec"] and "Worker" not in job["spec"]["pytorchReplicaSpecs"]
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1
+
+
+@pytest.mark.parametrize("size", ["100Gi", "1Ti", "500G", "1.5Ti", "1e12", "2048"])
+def test_quantities_accepted(size):
+    check_quantity("--pvc-size", size)
+
+
+def test_out_must_be_a_writable_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    for out, needle in [(tmp_path, "is a directory; give a file name"),
+                        (tmp_path / "file" / "job.sbatch", "is a file, not a directory"),
+                        (tmp_path / ("n" * 300), "the name is too long")]:
+        code, line = launch(capsys, "slurm", "--out", str(out))
+        assert code == 2 and needle in line, line
+    if os.geteuid() != 0:                # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        code, line = launch(capsys, "slurm", "--out", str(locked / "job.sbatch"))
+        assert code == 2 and "permission denied" in line, line
+    # a good file replaces the old one whole (write_atomic), and leaves no temporary behind
+    out = tmp_path / "job.sbatch"
+    out.write_text("old")
+    assert main(["launch", "slurm", "--out", str(out)]) == 0
+    assert out.read_text().startswith("#!/bin/bash") and sorted(p.name for p in tmp_path.iterdir()) == \
+        sorted(["file", "job.sbatch"] + (["locked"] if os.geteuid() != 0 else []))

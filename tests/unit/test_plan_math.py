@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tensorpilot.errors import ConfigError
@@ -113,3 +115,97 @@ def test_hf_config_gpt2_matches_preset(tmp_path):
     from tensorpilot.plan.models import model_spec_from_hf_config
 
     assert model_spec_from_hf_config(path).n_params == 124_439_808
+
+
+# ------------------------------------------------------------------ Hugging Face configs: bad input
+
+LLAMA_FIELDS = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "vocab_size": 32000}
+
+
+def _hf(tmp_path, cfg, name="config.json"):
+    import json
+
+    path = tmp_path / name
+    path.write_text(cfg if isinstance(cfg, str) else json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"hidden_size": "big"}, "hidden_size is 'big', not a whole number"),
+    ({"hidden_size": 4096.5}, "hidden_size is 4096.5, not a whole number"),
+    ({"hidden_size": True}, "hidden_size is True, not a whole number"),
+    ({"hidden_size": 0}, "hidden_size must be between 1 and 16,777,216, got 0"),
+    ({"num_hidden_layers": -3}, "num_hidden_layers must be between 1 and 16,777,216, got -3"),
+    ({"vocab_size": 10**30}, "vocab_size must be between 1 and 16,777,216"),
+    ({"num_attention_heads": 3}, "num_attention_heads 3 does not divide hidden_size 4096"),
+    ({"num_key_value_heads": 5}, "num_key_value_heads 5 does not divide num_attention_heads 32"),
+    ({"vocab_size": None}, "lacks vocab_size"),
+    ({"resid_pdrop": "0.1"}, "resid_pdrop is '0.1', not a number between 0 and 1"),
+    ({"tie_word_embeddings": "no"}, "tie_word_embeddings is 'no', not true or false"),
+    ({"max_position_embeddings": 10**12}, "max_position_embeddings must be between 1 and 1,000,000,000"),
+])
+def test_hf_config_bad_field_names_the_field(tmp_path, change, needle):
+    from tensorpilot.plan.models import model_spec_from_hf_config
+
+    cfg = {k: v for k, v in {**LLAMA_FIELDS, **change}.items() if v is not None}
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        model_spec_from_hf_config(_hf(tmp_path, cfg))
+
+
+def test_hf_config_integral_float_is_a_whole_number(tmp_path):
+    # some exporters write 4096.0; it means 4096
+    from tensorpilot.plan.models import model_spec_from_hf_config
+
+    spec = model_spec_from_hf_config(_hf(tmp_path, {**LLAMA_FIELDS, "hidden_size": 4096.0}))
+    assert spec.hidden == 4096 and isinstance(spec.hidden, int)
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("not json", "is not JSON (Expecting value at line 1, column 1)"),
+    ("", "is not JSON"),
+    ("[1, 2]", "holds a JSON list, not an object"),
+    ('{"hidden_size": NaN, "num_hidden_layers": 2, "num_attention_heads": 1, "vocab_size": 8}',
+     "hidden_size is nan, not a whole number"),
+    ('{"hidden_size": 1e400, "num_hidden_layers": 2, "num_attention_heads": 1, "vocab_size": 8}',
+     "hidden_size is inf, not a whole number"),
+    ('{"hidden_size": ' + "9" * 5000 + "}", "holds a number too long to read"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"model_type": "llava", "text_config": {"hidden_size": 4096}}', "'text_config' holds a multimodal"),
+])
+def test_hf_config_bad_file_is_one_sentence(tmp_path, content, needle):
+    from tensorpilot.plan.models import model_spec_from_hf_config
+
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        model_spec_from_hf_config(_hf(tmp_path, content))
+
+
+def test_hf_config_paths(tmp_path):
+    import os
+
+    from tensorpilot.errors import PathError
+    from tensorpilot.plan.models import model_spec_from_hf_config
+
+    with pytest.raises(PathError, match="does not exist"):
+        model_spec_from_hf_config(tmp_path / "missing.json")
+    with pytest.raises(PathError, match="is a directory"):
+        model_spec_from_hf_config(tmp_path)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)                      # reading it would block forever
+    with pytest.raises(PathError, match="not a regular file"):
+        model_spec_from_hf_config(fifo)
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        model_spec_from_hf_config(tmp_path / "bin.json")
+    # a .json --model name is a path: a missing one says so instead of "unknown model"
+    with pytest.raises(PathError, match="does not exist"):
+        get_model(str(tmp_path / "nope.json"))
+
+
+def test_model_spec_rejects_non_integer_shapes():
+    from tensorpilot.plan.models import ModelSpec
+
+    with pytest.raises(ConfigError, match="hidden must be a whole number"):
+        ModelSpec(name="m", hidden="64", layers=2, heads=2, vocab=8, ffn_hidden=256)
+    with pytest.raises(ConfigError, match="layers must be between 1 and 16,777,216"):
+        ModelSpec(name="m", hidden=64, layers=2**30, heads=2, vocab=8, ffn_hidden=256)

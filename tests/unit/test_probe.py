@@ -7,19 +7,16 @@ import torch
 
 from tensorpilot.hardware import peak as peak_mod
 from tensorpilot.hardware import probe
-from tensorpilot.hardware.device import DeviceCaps, cpu_flags
-
-FAST_BF16 = bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+from tensorpilot.hardware.device import DeviceCaps
 
 
-def test_matmul_flops_is_plausible_and_bf16_beats_fp32_on_bf16_cpus():
+def test_matmul_flops_is_plausible():
     fp32 = probe.matmul_flops("cpu", "fp32", 512, repeats=3, min_time_s=0.02)
     bf16 = probe.matmul_flops("cpu", "bf16", 512, repeats=3, min_time_s=0.02)
-    # any CPU of the last decade does 1 GFLOP/s per core on a 512 matmul; none does 100 TFLOP/s
+    # any CPU of the last decade does 1 GFLOP/s per core on a 512 matmul; none does 100 TFLOP/s.
+    # How bf16 compares with fp32 is a measurement, not a test: 2.3-4x on the Zen 4/5 machines,
+    # 0.5x on an Intel Xeon with AVX512-BF16 but no AMX (benchmarks/RESULTS.md, probe_check)
     assert 1e9 < fp32 < 1e14 and 1e9 < bf16 < 1e14
-    if not FAST_BF16:
-        pytest.skip("no AVX512-BF16/AMX: bf16 is not expected to beat fp32 here")
-    assert bf16 > 1.5 * fp32       # measured ~4-5x on the AVX512-BF16 dev machine
 
 
 def test_copy_bandwidth_counts_read_plus_write():

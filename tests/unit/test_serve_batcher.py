@@ -138,3 +138,13 @@ def test_waits_for_an_announced_arrival_and_batches_it():
 
     _run(main())
     assert [batch.shape[0] for batch in rec.batches] == [2]
+
+
+def test_warm_up_runs_every_small_batch_size_and_powers_of_two_above():
+    from tensorpilot.serve.app import warmup_batch_sizes
+
+    assert warmup_batch_sizes(1) == [1]
+    assert warmup_batch_sizes(32) == list(range(1, 33))
+    assert warmup_batch_sizes(100) == [*range(1, 65), 100]
+    # 70 forward passes for the largest allowed size, not 4096 (and not 4096 * 4097 / 2 rows)
+    assert warmup_batch_sizes(4096) == [*range(1, 65), 128, 256, 512, 1024, 2048, 4096]

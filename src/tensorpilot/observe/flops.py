@@ -24,13 +24,13 @@ def meta_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _to_meta(obj):
+def to_meta(obj):
     if isinstance(obj, torch.Tensor):
         return obj.to("meta")
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_to_meta(o) for o in obj)
+        return type(obj)(to_meta(o) for o in obj)
     if isinstance(obj, dict):
-        return {k: _to_meta(v) for k, v in obj.items()}
+        return {k: to_meta(v) for k, v in obj.items()}
     return obj
 
 
@@ -38,7 +38,7 @@ def train_step_flops(model: nn.Module, inputs, targets, loss_fn: Callable) -> in
     """FLOPs of forward + loss + backward for one micro-batch (inputs as the model takes them)."""
     m = meta_copy(model)
     m.train()
-    x, y = _to_meta(inputs), _to_meta(targets)
+    x, y = to_meta(inputs), to_meta(targets)
     counter = FlopCounterMode(display=False)
     with counter:
         out = m(*x) if isinstance(x, (tuple, list)) else m(x)

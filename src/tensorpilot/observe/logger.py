@@ -9,13 +9,17 @@ from typing import Any
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, tensorboard: bool):
+    """Appends to ``metrics.jsonl`` (a resumed run's file was cut back to its resume step, see
+    training/rundir.py) and TensorBoard; ``purge_step``: TensorBoard hides events of that step
+    and later left by a run that went further before it was resumed from an earlier step."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool, purge_step: int | None = None):
         self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter   # lazy: pulls in tensorboard
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
 
     def log(self, step: int, kind: str, values: dict[str, Any]) -> None:
         record = {"step": step, "kind": kind, **values}

@@ -13,7 +13,8 @@ Layout of ``<run-dir>/checkpoints/step_00000100/`` (same directory names as sing
 
 Atomic like the single-process format: every rank writes into ``step_*.tmp-dcp``; once the DCP
 save has returned on all ranks (it ends with a collective), rank 0 adds state.pt and meta.json,
-fsyncs and renames the directory into place.
+fsyncs and puts the directory in place (``checkpoint.publish``: an earlier run's directory of
+the same step is replaced, never kept).
 
 A single-process checkpoint (model.safetensors + state.pt keyed by optimizer parameter index)
 is read into a distributed run with ``load_single`` below.
@@ -22,7 +23,6 @@ is read into a distributed run with ``load_single`` below.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tensorpilot.errors import CheckpointError
+from tensorpilot.errors import CheckpointError, first_line
+from tensorpilot.files import fsync_path
 from tensorpilot.training import checkpoint as ckpt_io
 
 FORMAT = "dcp"
@@ -64,8 +65,6 @@ def save(root: Path, step: int, model: nn.Module, optimizer, state: dict[str, An
 
     final = root / f"step_{step:08d}"
     tmp = root / (final.name + TMP_SUFFIX)
-    if final.exists():                                  # this exact step is already on disk
-        return final
     if is_main:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -76,15 +75,15 @@ def save(root: Path, step: int, model: nn.Module, optimizer, state: dict[str, An
     if is_main:
         torch.save(state, tmp / "state.pt")
         meta = dict(meta, step=step, format=FORMAT,
-                    sha256={"state.pt": ckpt_io._sha256(tmp / "state.pt")})
+                    sha256={"state.pt": ckpt_io.sha256_file(tmp / "state.pt")})
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         for f in tmp.iterdir():
-            ckpt_io._fsync_path(f)
-        ckpt_io._fsync_path(tmp)
-        os.rename(tmp, final)
-        ckpt_io._fsync_path(root)
+            fsync_path(f)
+        fsync_path(tmp)
+        ckpt_io.publish(tmp, final)                     # replaces an earlier run's same step
         for old in ckpt_io.list_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+        ckpt_io.remove_stale(root)
     dist.barrier()                                      # nobody resumes from a half-renamed step
     return final
 
@@ -99,7 +98,7 @@ def load(ckpt: Path, model: nn.Module, optimizer) -> dict[str, Any]:
     expected = (meta.get("sha256") or {}).get("state.pt")
     if not (ckpt / ".metadata").exists() or not expected:
         raise CheckpointError(f"checkpoint {str(ckpt)!r} is incomplete: the DCP .metadata or state.pt is missing.")
-    if ckpt_io._sha256(ckpt / "state.pt") != expected:
+    if ckpt_io.sha256_file(ckpt / "state.pt") != expected:
         raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: state.pt does not match its checksum.")
     msd, osd = get_state_dict(model, optimizer, options=_options())
     target = {"model": msd, "optim": osd}
@@ -107,11 +106,11 @@ def load(ckpt: Path, model: nn.Module, optimizer) -> dict[str, Any]:
         # in place: each DTensor / tensor in ``target`` receives the slice this rank owns
         dcp.load(target, checkpoint_id=str(ckpt))
     except Exception as exc:        # DCP raises CheckpointException wrapping per-rank errors
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        first = first_line(exc, 300)
         raise CheckpointError(f"checkpoint {str(ckpt)!r} does not fit this model: {first}.") from None
     set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"],
                    options=_options())
-    return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+    return ckpt_io.load_state(ckpt)
 
 
 def optimizer_names(model: nn.Module, optimizer) -> list[str]:
@@ -129,7 +128,7 @@ def load_single(ckpt: Path, model: nn.Module, optimizer, names: list[str]) -> di
     meta = ckpt_io.read_meta(ckpt)
     ckpt_io.verify(ckpt, meta)
     weights = load_file(str(ckpt / "model.safetensors"))
-    state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+    state = ckpt_io.load_state(ckpt)
     owned = {name for name, _ in model.named_parameters()} | set(model.state_dict().keys())
     full_msd = {k: v for k, v in weights.items() if k in owned}
     saved = state["optimizer"]
@@ -144,5 +143,5 @@ def load_single(ckpt: Path, model: nn.Module, optimizer, names: list[str]) -> di
                        options=StateDictOptions(full_state_dict=True, strict=False))
     except (KeyError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"checkpoint {str(ckpt)!r} cannot be loaded into this layout: "
-                              f"{str(exc).splitlines()[0][:300]}.") from None
+                              f"{first_line(exc, 300)}.") from None
     return state

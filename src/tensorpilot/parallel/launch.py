@@ -1,5 +1,5 @@
-"""Starting the processes of a run: torchrun on this machine (``tensorpilot train --nproc N``),
-and ready-made job files for SLURM (sbatch) and Kubernetes (Kubeflow PyTorchJob).
+"""Starting the processes of a run on this machine: ``tensorpilot train --nproc N`` through
+torchrun (job files for SLURM and Kubernetes: parallel/jobfiles.py).
 
 ``train --nproc N`` does not re-implement process management: it writes the effective
 configuration to ``<run-dir>/launch.toml`` and runs torchrun's own agent in this process
@@ -10,13 +10,13 @@ sees TORCHELASTIC_RESTART_COUNT > 0 and resumes from the run's newest checkpoint
 
 from __future__ import annotations
 
-import re
-
 import os
+import shlex
+import signal
 import socket
 from pathlib import Path
 
-from tensorpilot.errors import ConfigError
+from tensorpilot.errors import TrainingAborted
 from tensorpilot.parallel.mesh import DistributedError, first_line, in_launched_worker, resolve_layout
 
 DEFAULT_PORT = 29500
@@ -34,6 +34,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _has_option(flag: str) -> bool:
+    """Whether this torch's torchrun knows ``flag`` (newer options are missing in older ones)."""
+    from torch.distributed.run import get_args_parser
+
+    return flag in get_args_parser()._option_string_actions
+
+
 def torchrun_args(cfg, config_path: Path) -> list[str]:
     """torchrun's command line for this run (also what a user would type by hand)."""
     p = cfg.parallel
@@ -45,6 +52,10 @@ def torchrun_args(cfg, config_path: Path) -> list[str]:
     else:
         endpoint = p.rdzv_endpoint or f"127.0.0.1:{DEFAULT_PORT}"
         args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--node-rank", str(p.node_rank)]
+    if _has_option("--shutdown-timeout"):
+        # a stop signal lets the workers finish their step and save together: give them the
+        # collective timeout before the agent kills them (its default is 30 s)
+        args += ["--shutdown-timeout", str(int(p.timeout_s))]
     # join_timeout bounds how long the group waits for every node to arrive
     args += ["--rdzv-conf", f"join_timeout={int(p.timeout_s)}",
              "--rdzv-id", Path(cfg.run_dir).name, "-m", "tensorpilot", "train", "--config", str(config_path)]
@@ -54,21 +65,23 @@ def torchrun_args(cfg, config_path: Path) -> list[str]:
 def launch_train(cfg, console=None) -> int:
     """Run ``cfg`` on ``nproc`` local processes (per node) through torchrun's agent."""
     from tensorpilot.config import to_toml
-    from tensorpilot.training.trainer import new_run_dir
+    from tensorpilot.files import write_atomic
+    from tensorpilot.training import rundir
 
     p = cfg.parallel
     nnodes = int(p.nnodes.split(":")[-1])
     if nnodes == 1:                         # catch a layout/world mismatch before starting anything
         resolve_layout(p, p.nproc)
-    if not cfg.run_dir:
-        cfg.run_dir = str(new_run_dir(cfg))
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # the workers' run directory, by the trainer's own rule (a resumed run continues in the
+    # directory of its checkpoint), checked before any process starts
+    run_dir, _ = rundir.resolve(cfg.run_dir, cfg.resume, cfg.model.name, cfg.model.size)
+    cfg.run_dir = str(run_dir)
     if cfg.resume == "latest":              # 'latest' means this run's newest checkpoint
         cfg.resume = str(run_dir)
     config_path = run_dir / "launch.toml"
-    config_path.write_text(to_toml(cfg))
+    write_atomic(config_path, to_toml(cfg), "launch configuration")
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
@@ -79,7 +92,12 @@ def launch_train(cfg, console=None) -> int:
         console.print(f"launching: torchrun {' '.join(args)}", highlight=False)
     try:
         run(parse_args(args))
+    except SignalException as exc:          # the agent forwarded it; the workers stopped together
+        raise _interrupted(cfg, signal.Signals(exc.sigval).name) from None
     except ChildFailedError as exc:
+        codes = {f.exitcode for f in exc.failures.values()}
+        if codes == {INTERRUPTED_EXIT_CODE}:    # a stop signal reached a worker: agreed and saved
+            raise _interrupted(cfg, "a stop signal to a worker") from None
         rank, failure = min(exc.failures.items())
         restarts = f" after {p.max_restarts} restart(s)" if p.max_restarts else ""
         raise DistributedError(f"training failed{restarts}: worker rank {rank} exited with code "
@@ -90,98 +108,20 @@ def launch_train(cfg, console=None) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------ job files
-
-def sbatch_script(*, nodes: int, gpus: int, train_args: list[str], job_name: str, time: str,
-                  partition: str | None, checkpoint_dir: str, port: int = DEFAULT_PORT) -> str:
-    """An sbatch script: one srun task per node, each running torchrun with ``gpus`` workers; the
-    first node of the allocation hosts the c10d rendezvous."""
-    import shlex
-
-    part = f"#SBATCH --partition={partition}\n" if partition else ""
-    args = " ".join(shlex.quote(a) for a in train_args)
-    # double quotes: the default directory names $HOME and $SLURM_JOB_NAME, which must expand
-    run_dir = '"' + re.sub(r'([`"\\])', r'\\\1', checkpoint_dir) + '"'
-    return f"""#!/bin/bash
-# Written by `tensorpilot launch slurm`. Submit with: sbatch <this file>
-#SBATCH --job-name={job_name}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node={gpus}
-#SBATCH --cpus-per-task={max(4, 8 * gpus)}
-#SBATCH --time={time}
-#SBATCH --output=%x-%j.out
-{part}set -euo pipefail
-# the first node of the allocation hosts the rendezvous
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export OMP_NUM_THREADS=8
-# checkpoints must live on storage every node sees: a restarted group resumes from there
-mkdir -p {run_dir}
-srun --kill-on-bad-exit=1 python -m torch.distributed.run \\
-    --nnodes={nodes} --nproc-per-node={gpus} \\
-    --rdzv-backend=c10d --rdzv-endpoint="$head:{port}" --rdzv-id="$SLURM_JOB_ID" \\
-    --max-restarts=3 \\
-    -m tensorpilot train --run-dir {run_dir} {args}
-"""
+INTERRUPTED_EXIT_CODE = 130                 # what `tensorpilot train` exits with after a stop signal
 
 
-def pytorchjob_manifest(*, name: str, nodes: int, gpus: int, image: str, train_args: list[str],
-                        pvc: str, mount: str = "/checkpoints", namespace: str = "default",
-                        max_restarts: int = 3) -> dict:
-    """A Kubeflow training-operator PyTorchJob (kubeflow.org/v1): 1 master + nodes-1 workers, each
-    a pod with ``gpus`` GPUs running torchrun; the operator sets MASTER_ADDR/PORT, and
-    ``elasticPolicy`` makes torchrun use a c10d rendezvous with restarts. A PersistentVolumeClaim
-    holds the run directory so a restarted pod resumes from the newest checkpoint."""
-    run_dir = f"{mount}/{name}"
-    command = ["python", "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={gpus}",
-               f"--max-restarts={max_restarts}", "--rdzv-backend=c10d",
-               "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)",
-               "-m", "tensorpilot", "train", "--run-dir", run_dir, *train_args]
+def _interrupted(cfg, what: str) -> TrainingAborted:
+    """The launcher's sentence after its workers stopped on a signal: where the run can go on."""
+    from tensorpilot.training.checkpoint import list_checkpoints
 
-    def replica(count: int) -> dict:
-        return {
-            "replicas": count,
-            "restartPolicy": "OnFailure",
-            "template": {"spec": {
-                "containers": [{
-                    "name": "pytorch", "image": image, "command": command,
-                    "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
-                    "volumeMounts": [{"name": "checkpoints", "mountPath": mount},
-                                     {"name": "dshm", "mountPath": "/dev/shm"}],
-                }],
-                "volumes": [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": pvc}},
-                            # NCCL and DataLoader workers need more shared memory than the 64 MiB default
-                            {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-            }},
-        }
-
-    specs = {"Master": replica(1)}
-    if nodes > 1:
-        specs["Worker"] = replica(nodes - 1)
-    return {
-        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": nodes, "maxReplicas": nodes,
-                              "maxRestarts": max_restarts},
-            "pytorchReplicaSpecs": specs,
-        },
-    }
+    ckpts = list_checkpoints(Path(cfg.run_dir) / "checkpoints")
+    saved = f"the newest checkpoint is {ckpts[-1].name}" if ckpts else "no checkpoint was written"
+    again = f"tensorpilot train --resume {shlex.quote(cfg.run_dir)} --nproc {cfg.parallel.nproc}"
+    if cfg.parallel.nnodes != "1":
+        again += f" --nnodes {cfg.parallel.nnodes}"
+    return TrainingAborted(f"interrupted by {what}; {saved}, continue with `{again}`.",
+                           exit_code=INTERRUPTED_EXIT_CODE)
 
 
-def checkpoint_pvc(*, name: str, size: str, namespace: str = "default", storage_class: str | None = None) -> dict:
-    """The ReadWriteMany claim every pod mounts for the run directory."""
-    spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}}
-    if storage_class:
-        spec["storageClassName"] = storage_class
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-
-
-def check_job_size(nodes: int, gpus: int) -> None:
-    if nodes <= 0 or gpus <= 0:
-        raise ConfigError(f"--nodes and --gpus must be positive integers, got {nodes} and {gpus}.")
-
-
-__all__ = ["wants_launch", "launch_train", "torchrun_args", "sbatch_script", "pytorchjob_manifest",
-           "checkpoint_pvc", "check_job_size"]
+__all__ = ["wants_launch", "launch_train", "torchrun_args"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from tensorpilot.errors import ConfigError, TensorpilotError
+from tensorpilot.errors import ConfigError, TensorpilotError, first_line
 
 __all__ = ["Layout", "ParallelContext", "DistributedError", "in_launched_worker", "resolve_layout",
            "init_distributed", "slurm_env", "is_comm_failure", "first_line"]
@@ -27,10 +27,6 @@ __all__ = ["Layout", "ParallelContext", "DistributedError", "in_launched_worker"
 
 class DistributedError(TensorpilotError):
     """A peer, the rendezvous or the network failed (exit code 1, one sentence)."""
-
-
-def first_line(exc: BaseException, limit: int = 200) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
 
 
 def is_comm_failure(exc: BaseException) -> bool:
@@ -178,7 +174,7 @@ def init_distributed(pcfg, device_kind: str) -> ParallelContext:
                                     timeout=timedelta(seconds=pcfg.timeout_s), store=_store(rank, world, pcfg.timeout_s),
                                     device_id=device if cuda else None)
         except (RuntimeError, ValueError, TimeoutError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            first = first_line(exc)
             raise DistributedError(f"rank {rank} could not join the process group within "
                                    f"{pcfg.timeout_s:g} s ({first}).") from None
     mesh = init_device_mesh(device.type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=("dp", "pp", "tp"))

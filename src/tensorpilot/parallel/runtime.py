@@ -194,15 +194,15 @@ class Parallel:
         dist.all_reduce(value, group=self.ctx.group("dp"))       # SUM: gloo has no AVG
         return value / self.layout.dp
 
-    def agree(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is True on any (e.g. a stop signal seen by one rank)."""
+    def agree_max(self, value: int) -> int:
+        """The largest ``value`` of all ranks, on every rank (e.g. the stop signal one rank saw)."""
         if not self.active:
-            return flag
+            return value
         import torch.distributed as dist
 
-        t = torch.tensor([1.0 if flag else 0.0], device=self.ctx.device)
+        t = torch.tensor([value], dtype=torch.int64, device=self.ctx.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        return int(t.item())
 
     def same_everywhere(self, value):
         """Rank 0's ``value`` on every rank (e.g. a run directory named after the clock)."""
@@ -233,11 +233,13 @@ class Parallel:
             dist.barrier()
 
     def close(self) -> None:
+        """Leave the process group (once; later calls do nothing)."""
         if self.active:
             import torch.distributed as dist
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+            self.ctx.mesh = None
 
 
 def _blocks(model: nn.Module) -> list[nn.Module] | None:

@@ -6,7 +6,8 @@ Pure Python (no torch), so ``train`` can print predicted vs measured for its lay
     plan = predict(model_spec_from_gpt_config(cfg), catalog.get("h100-sxm"), Layout(dp=8), TrainSetup(...))
 
 Modules: models (presets, HF configs), flops (the shared FLOP formulas), memory, timing,
-calibration (every global constant), predict, search, validate, command (CLI).
+calibration (every global constant), limits (the bounds on user input), predict, search,
+validate, command (CLI).
 """
 
 from tensorpilot.plan.models import ModelSpec, get_model, model_spec_from_gpt_config, model_spec_from_hf_config

@@ -99,21 +99,83 @@ def _model(args):
     return model_spec_from_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
 
 
-def _positive(args, *names):
-    for n in names:
-        v = getattr(args, n)
-        if v is not None and v < 1:
-            raise UsageError(f"--{n.replace('_', '-')} must be a positive integer, got {v}.")
+def _int_limits() -> dict[str, int]:
+    """Upper bound of each integer option (limits.py gives the reasons)."""
+    from tensorpilot.plan.limits import MAX_DEVICES, MAX_SEQ_LEN, MAX_SEQUENCES
+
+    return {"gpus": MAX_DEVICES, "tp": MAX_DEVICES, "pp": MAX_DEVICES, "dp": MAX_DEVICES,
+            "micro_batch": MAX_SEQUENCES, "virtual_stages": MAX_DEVICES, "seq_len": MAX_SEQ_LEN,
+            "global_batch": MAX_SEQUENCES, "top": MAX_SEQUENCES, "batch": MAX_SEQUENCES, "context": MAX_SEQ_LEN}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_options(args) -> None:
+    """Every number in range and every combination meaningful, before any model is read."""
+    from tensorpilot.plan.limits import (MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_TOKENS, check_count,
+                                         check_number)
+
+    for name, high in _int_limits().items():
+        if getattr(args, name) is not None:
+            check_count(_flag(name), getattr(args, name), high)
+    if args.tokens is not None:
+        check_number("--tokens", args.tokens, MAX_TOKENS, above_low=True)
+    if args.price_per_hour is not None:
+        check_number("--price-per-hour", args.price_per_hour, MAX_PRICE_PER_HOUR)
+    if args.grid_intensity is not None:
+        check_number("--grid-intensity", args.grid_intensity, MAX_GRID_G_PER_KWH)
+    modes = [m for m, on in (("--search", args.search), ("--deadline", args.deadline is not None),
+                             ("--inference", args.inference)) if on]
+    if len(modes) > 1:
+        raise UsageError(f"{' and '.join(modes)} cannot be combined; pass one of them.")
+    if args.virtual_stages > 1 and args.schedule != "interleaved":
+        raise UsageError("--virtual-stages needs --schedule interleaved (only that schedule splits a stage "
+                         "into chunks).")
+
+
+def _device_count(args) -> int:
+    """--gpus, else tp x pp x dp when a layout is given, else 8 (one node)."""
+    from tensorpilot.plan.limits import MAX_DEVICES
+
+    if args.gpus:
+        return args.gpus
+    if not (args.dp or args.tp > 1 or args.pp > 1):
+        return 8
+    n = args.tp * args.pp * (args.dp or 1)
+    if n > MAX_DEVICES:
+        raise UsageError(f"--tp x --pp x --dp = {n:,} devices exceeds the planner's maximum of {MAX_DEVICES:,}.")
+    return n
+
+
+def _json(obj) -> str:
+    """Strict JSON (RFC 8259 has no NaN or Infinity): a non-finite float becomes null."""
+    return json.dumps(_finite(obj), indent=1, allow_nan=False)
+
+
+def _finite(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _setup(args, spec, replicas: int):
     from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.limits import MAX_SEQUENCES
     from tensorpilot.plan.predict import TrainSetup
 
     seq = args.seq_len or min(spec.max_seq_len, 8192)
     batch = args.global_batch
     if batch is None:                 # ~1M tokens, a power of two, at least one sequence per replica
         batch = max(replicas * args.micro_batch, 1 << max(0, round(math.log2(2**20 / seq))))
+        if batch > MAX_SEQUENCES:
+            raise UsageError(f"the default global batch, {replicas:,} replicas x --micro-batch {args.micro_batch:,}, "
+                             f"exceeds {MAX_SEQUENCES:,} sequences; pass --global-batch.")
     return TrainSetup(seq_len=seq, global_batch=batch, precision=args.precision, optimizer=args.optimizer,
                       attention=args.attention, tokens=args.tokens, price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
@@ -130,19 +192,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.list_models:
         from tensorpilot.plan.models import preset_names
 
-        print("\n".join(preset_names()))
+        print(_json(preset_names()) if args.json else "\n".join(preset_names()))
         return 0
-    _positive(args, "gpus", "tp", "pp", "dp", "micro_batch", "virtual_stages", "seq_len", "global_batch",
-              "top", "batch", "context")
-    if args.tokens is not None and not args.tokens > 0:
-        raise UsageError("--tokens must be positive.")
+    _check_options(args)
+    if args.deadline is not None:
+        return _cmd_deadline(args)
+    acc = catalog.get(DEFAULT_GPU if args.gpu is None else args.gpu)
     spec = _model(args)
     if args.inference:
-        return _cmd_inference(args, spec, catalog.get(args.gpu or DEFAULT_GPU))
-    if args.deadline:
-        return _cmd_deadline(args, spec)
-    acc = catalog.get(args.gpu or DEFAULT_GPU)
-    gpus = args.gpus or (args.tp * args.pp * (args.dp or 1) if (args.dp or args.tp > 1 or args.pp > 1) else 8)
+        return _cmd_inference(args, spec, acc)
+    gpus = _device_count(args)
     if args.search:
         return _cmd_search(args, spec, acc, gpus)
     from tensorpilot.plan.predict import Layout, check_layout, predict
@@ -157,7 +216,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_layout(spec, layout, setup, n_devices=gpus)
     plan = predict(spec, acc, layout, setup)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=1))
+        print(_json(plan.to_dict()))
     else:
         _print_plan(plan, spec, setup)
     return 0
@@ -228,9 +287,9 @@ def _cmd_search(args, spec, acc, gpus: int) -> int:
     res = search(spec, acc, gpus, setup, objective=args.objective, top=args.top)
     elapsed = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({"objective": res.objective, "considered": res.considered, "invalid": res.invalid,
-                          "not_fitting": res.not_fitting, "search_s": elapsed, "why": res.why,
-                          "ranked": [p.to_dict() for p in res.ranked]}, indent=1))
+        print(_json({"objective": res.objective, "considered": res.considered, "invalid": res.invalid,
+                     "not_fitting": res.not_fitting, "search_s": elapsed, "why": res.why,
+                     "ranked": [p.to_dict() for p in res.ranked]}))
         return 0 if res.ranked else 1
     from rich.console import Console
     from rich.table import Table
@@ -239,6 +298,11 @@ def _cmd_search(args, spec, acc, gpus: int) -> int:
     con.print(f"searched {res.considered} layouts of {spec.name} on {gpus} x {acc.key} in {elapsed:.2f} s "
               f"(seq {setup.seq_len}, global batch {setup.global_batch}); {res.not_fitting} do not fit, "
               f"{res.invalid} invalid")
+    if not res.considered:
+        con.print(f"[red]no valid layout[/]: no tp x pp x dp split of {gpus:,} devices has a data-parallel size "
+                  f"that divides the global batch of {setup.global_batch:,}; pass a --global-batch that is a "
+                  "multiple of --gpus.")
+        return 1
     if not res.ranked:
         con.print("[red]no layout fits[/]: add devices, use a larger --global-batch, or a device with more memory.")
         return 1
@@ -255,23 +319,30 @@ def _cmd_search(args, spec, acc, gpus: int) -> int:
     return 0
 
 
-def _cmd_deadline(args, spec) -> int:
+def _cmd_deadline(args) -> int:
     from tensorpilot.hardware import catalog
-    from tensorpilot.plan.search import cheapest_for_deadline, parse_duration_s
+    from tensorpilot.plan.search import DEADLINE_MAX_DEVICES, cheapest_for_deadline, parse_duration_s
 
-    if not args.tokens:
+    if args.tokens is None:
         raise UsageError("--deadline needs --tokens (how many tokens to train).")
     deadline_s = parse_duration_s(args.deadline)
-    accs = [catalog.get(args.gpu)] if args.gpu else list(catalog.all_accelerators().values())
+    accs = [catalog.get(args.gpu)] if args.gpu is not None else list(catalog.all_accelerators().values())
+    if args.gpu is not None and args.price_per_hour is None and accs[0].price_usd_per_gpu_hour is None:
+        raise UsageError(f"{accs[0].key} has no catalog price; pass --price-per-hour USD to size it for a deadline.")
+    spec = _model(args)
     setup = _setup(args, spec, 1)
     found = cheapest_for_deadline(spec, args.tokens, deadline_s, setup, accelerators=accs)
     if args.json:
-        print(json.dumps({"deadline_s": deadline_s, "tokens": args.tokens,
-                          "options": [{"cost_usd": c, **p.to_dict()} for p, c in found]}, indent=1))
+        print(_json({"deadline_s": deadline_s, "tokens": args.tokens,
+                     "options": [{"cost_usd": c, **p.to_dict()} for p, c in found]}))
         return 0 if found else 1
     if not found:
-        print(f"no catalogued device with a price trains {args.tokens:.3g} tokens of {spec.name} within "
-              f"{_duration(deadline_s)}; pass --gpu NAME --price-per-hour USD for other devices.")
+        which = accs[0].key if args.gpu is not None else "catalogued device" + (
+            "" if args.price_per_hour is not None else " with a price")
+        hint = "" if args.price_per_hour is not None or args.gpu is not None else \
+            "; pass --gpu NAME --price-per-hour USD for other devices"
+        print(f"no {which} trains {args.tokens:.3g} tokens of {spec.name} within {_duration(deadline_s)} on up to "
+              f"{DEADLINE_MAX_DEVICES:,} devices{hint}.")
         return 1
     print(f"{spec.name}, {args.tokens:.3g} tokens within {_duration(deadline_s)} "
           f"(seq {setup.seq_len}, global batch {setup.global_batch}); devices with a price, cheapest first:")
@@ -291,7 +362,7 @@ def _cmd_inference(args, spec, acc) -> int:
     plan = predict_inference(spec, acc, batch=args.batch, context=args.context or spec.max_seq_len, dtype=dtype,
                              kv_dtype=args.kv_dtype, tp=args.tp)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=1))
+        print(_json(plan.to_dict()))
         return 0
     verdict = "fits" if plan.fits else "does NOT fit"
     print(f"{spec.name} inference on {args.tp} x {acc.key}, batch {args.batch} x context "
@@ -304,13 +375,13 @@ def _cmd_inference(args, spec, acc) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from tensorpilot.plan.validate import validate_file
+    from tensorpilot.plan.validate import counts, validate_file
 
     if not args.file:
         raise UsageError("validate needs a CSV file: `tensorpilot plan validate FILE.csv`.")
     results, summary = validate_file(args.file)
     if args.json:
-        print(json.dumps({"rows": [r.to_dict() for r in results], "summary": summary}, indent=1))
+        print(_json({"rows": [r.to_dict() for r in results], "summary": summary, "counts": counts(results)}))
         return 0
     print(format_validation(results, summary))
     return 0
@@ -318,12 +389,23 @@ def _cmd_validate(args) -> int:
 
 def format_validation(results, summary) -> str:
     """A Markdown table (also what docs/planner.md shows)."""
+    from tensorpilot.plan.validate import counts
+
     lines = ["| id | metric | published | predicted | error | note |", "|---|---|---:|---:|---:|---|"]
     for r in results:
+        published = "n/a" if r.published is None else f"{r.published:,.4g} {r.unit}"
         pred = "n/a" if r.predicted is None else f"{r.predicted:,.4g}"
         err = "n/a" if r.error is None else f"{100 * r.error:+.1f}%"
-        lines.append(f"| {r.id} | {r.metric} | {r.published:,.4g} {r.unit} | {pred} | {err} | {r.note} |")
+        lines.append(f"| {_cell(r.id)} | {_cell(r.metric)} | {_cell(published)} | {pred} | {err} | {_cell(r.note)} |")
     lines += ["", "| kind | rows | median abs error | max abs error |", "|---|---:|---:|---:|"]
     for kind, s in summary.items():
         lines.append(f"| {kind} | {s['rows']} | {100 * s['median_abs_error']:.1f}% | {100 * s['max_abs_error']:.1f}% |")
+    n = counts(results)
+    lines += ["", f"{n['rows']} rows: {n['predicted']} predicted, {n['not_modelled']} not modelled"
+              + (" (the note column says why)." if n["not_modelled"] else ".")]
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell: a '|' or a line break in a user's CSV would split the row."""
+    return " ".join(str(text).split()).replace("|", "\\|")

@@ -17,7 +17,9 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tensorpilot.errors import ConfigError
+from tensorpilot.errors import ConfigError, PathError
+from tensorpilot.files import existing_path, os_reason
+from tensorpilot.plan.limits import MAX_DIM, MAX_SEQ_LEN, check_count, shown
 
 __all__ = ["ModelSpec", "PRESETS", "UnknownModelError", "closest_models", "get_model",
            "model_spec_from_gpt_config", "model_spec_from_hf_config", "preset_names"]
@@ -25,6 +27,12 @@ __all__ = ["ModelSpec", "PRESETS", "UnknownModelError", "closest_models", "get_m
 
 class UnknownModelError(ConfigError, LookupError):
     """A model name that is neither a preset nor a readable config file."""
+
+
+# (low, high) of each shape field; limits.py gives the reasons for the bounds
+_SHAPE_LIMITS = {"hidden": (1, MAX_DIM), "layers": (1, MAX_DIM), "heads": (1, MAX_DIM), "vocab": (1, MAX_DIM),
+                 "ffn_hidden": (1, MAX_DIM), "kv_heads": (0, MAX_DIM), "max_seq_len": (1, MAX_SEQ_LEN),
+                 "learned_positions": (0, MAX_SEQ_LEN), "extra_params": (0, MAX_DIM**2)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,9 +58,8 @@ class ModelSpec:
     source: str = ""                # where the shape comes from
 
     def __post_init__(self) -> None:
-        for f in ("hidden", "layers", "heads", "vocab", "ffn_hidden"):
-            if getattr(self, f) < 1:
-                raise ConfigError(f"model {self.name!r}: {f} must be a positive integer.")
+        for f, (low, high) in _SHAPE_LIMITS.items():
+            check_count(f"model {self.name!r}: {f}", getattr(self, f), high, low)
         if self.hidden % self.heads:
             raise ConfigError(f"model {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}.")
         if self.kv_heads and self.heads % self.kv_heads:
@@ -216,7 +223,7 @@ def get_model(name: str) -> ModelSpec:
         if key in builtin:
             return builtin[key]
         raise UnknownModelError(f"unknown built-in gpt size {name!r}; known: {', '.join(builtin)}.")
-    if name.endswith(".json") and Path(name).exists():
+    if name.strip().lower().endswith(".json"):       # a config file: its own sentences if unreadable
         return model_spec_from_hf_config(name)
     hint = closest_models(name)
     tail = f"did you mean {', '.join(hint)}?" if hint else "see `tensorpilot plan --list-models`."
@@ -225,56 +232,124 @@ def get_model(name: str) -> ModelSpec:
 
 # ----------------------------------------------------------------------------- Hugging Face configs
 
-def _first(cfg: dict, *keys, default=None):
-    for k in keys:
-        if cfg.get(k) is not None:
-            return cfg[k]
-    return default
+# A config.json is a few KB; anything this large is the wrong file (a checkpoint, a dataset).
+_MAX_CONFIG_BYTES = 10 * 2**20
+
+
+def _read_json_object(p: Path) -> dict:
+    """The JSON object in ``p``, or one sentence on why there is none."""
+    existing_path(p, "config file", kind="file")
+    where = f"config file {str(p)!r}"
+    try:
+        if not p.is_file():                # a FIFO or a device would block or never end
+            raise PathError(f"{where} is not a regular file.")
+        if p.stat().st_size > _MAX_CONFIG_BYTES:
+            raise ConfigError(f"{where} is {p.stat().st_size / 2**20:,.0f} MiB; a config.json is a few KB.")
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not UTF-8 text.") from None
+    except OSError as exc:
+        raise PathError(f"{where} cannot be read: {os_reason(exc)}.") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where} is not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}).") from None
+    except ValueError:                 # Python reads integers of at most 4,300 digits
+        raise ConfigError(f"{where} holds a number too long to read.") from None
+    except RecursionError:
+        raise ConfigError(f"{where} is nested too deeply to be a model config.") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where} holds a JSON {type(cfg).__name__}, not an object of model settings.")
+    return cfg
+
+
+class _Fields:
+    """Typed reads of a config's fields; every error names the field and the file."""
+
+    def __init__(self, cfg: dict, where: str):
+        self.cfg, self.where = cfg, where
+
+    def _find(self, keys):
+        return next(((k, self.cfg[k]) for k in keys if self.cfg.get(k) is not None), (keys[0], None))
+
+    def whole(self, *keys, default=None, minimum: int = 1, maximum: int = MAX_DIM):
+        """The first of ``keys`` present, as an int in [minimum, maximum]; ``default`` if none is."""
+        key, value = self._find(keys)
+        if value is None:
+            return default
+        if isinstance(value, float) and value.is_integer():       # 4096.0: written by some exporters
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{self.where}: {key} is {shown(value)}, not a whole number.")
+        if not minimum <= value <= maximum:
+            raise ConfigError(f"{self.where}: {key} must be between {minimum} and {maximum:,}, got {value:,}.")
+        return value
+
+    def number(self, key: str, default: float, *, minimum: float = 0.0, maximum: float = 1e6) -> float:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not minimum <= value <= maximum:
+            raise ConfigError(f"{self.where}: {key} is {shown(value)}, not a number between {minimum:g} "
+                              f"and {maximum:g}.")
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.where}: {key} is {shown(value)}, not true or false.")
+        return value
 
 
 def model_spec_from_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
     """Read a Hugging Face ``config.json`` (Llama/Mistral/Qwen, GPT-2, BERT, MPT field names)
-    without transformers. Unknown architectures raise ConfigError naming the missing field."""
+    without transformers. A missing, unreadable or malformed file, or a field of the wrong type
+    or out of range, raises one sentence naming the file and the field."""
     p = Path(path)
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r} does not exist.") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"config file {str(p)!r} is not valid JSON ({exc}).") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"config file {str(p)!r} does not hold a JSON object.")
+    where = f"config file {str(p)!r}"
+    cfg = _read_json_object(p)
+    get = _Fields(cfg, where)
     kind = str(cfg.get("model_type", "")).lower()
-    h = _first(cfg, "hidden_size", "n_embd", "d_model")
-    L = _first(cfg, "num_hidden_layers", "n_layer", "n_layers")
-    a = _first(cfg, "num_attention_heads", "n_head", "n_heads")
-    V = _first(cfg, "vocab_size")
+    h = get.whole("hidden_size", "n_embd", "d_model")
+    L = get.whole("num_hidden_layers", "n_layer", "n_layers")
+    a = get.whole("num_attention_heads", "n_head", "n_heads")
+    V = get.whole("vocab_size")
     missing = [k for k, v in (("hidden_size", h), ("num_hidden_layers", L), ("num_attention_heads", a),
                               ("vocab_size", V)) if v is None]
     if missing:
-        raise ConfigError(f"config file {str(p)!r} lacks {', '.join(missing)}; "
+        nested = " (its 'text_config' holds a multimodal model's language part, which is not read)" \
+            if isinstance(cfg.get("text_config"), dict) else ""
+        raise ConfigError(f"{where} lacks {', '.join(missing)}{nested}; "
                           "only Llama, GPT-2, BERT and MPT-style configs are understood.")
-    act = str(_first(cfg, "hidden_act", "activation_function", default="gelu")).lower()
+    if h % a:
+        raise ConfigError(f"{where}: num_attention_heads {a} does not divide hidden_size {h}.")
+    act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "gelu").lower()
     gated = kind in ("llama", "mistral", "qwen2", "gemma", "mixtral") or act in ("silu", "swiglu")
-    f = _first(cfg, "intermediate_size", "n_inner", default=None) or \
-        (cfg.get("expansion_ratio", 4) * h)
-    kv = _first(cfg, "num_key_value_heads", default=None)
+    f = get.whole("intermediate_size", "n_inner")
+    if f is None:              # MPT: expansion_ratio x d_model; GPT-2 leaves n_inner null for 4h
+        f = round(get.number("expansion_ratio", 4, minimum=1 / h, maximum=MAX_DIM) * h)
+    kv = get.whole("num_key_value_heads", default=0, minimum=0)
+    if kv and a % kv:
+        raise ConfigError(f"{where}: num_key_value_heads {kv} does not divide num_attention_heads {a}.")
     learned = 0
-    if kind in ("gpt2",) or "n_positions" in cfg:
-        learned = _first(cfg, "n_positions", default=0)
+    if kind == "gpt2" or "n_positions" in cfg:
+        learned = get.whole("n_positions", default=0, minimum=0, maximum=MAX_SEQ_LEN)
     elif kind == "bert":
-        learned = cfg.get("max_position_embeddings", 512) + cfg.get("type_vocab_size", 2)
-    seq = _first(cfg, "max_position_embeddings", "n_positions", "max_seq_len", "n_ctx", default=2048)
-    drop = any(float(cfg.get(k) or 0) > 0 for k in ("hidden_dropout_prob", "resid_pdrop", "attention_dropout",
-                                                     "attention_probs_dropout_prob", "attn_pdrop"))
-    tied = bool(cfg.get("tie_word_embeddings", kind in ("gpt2", "bert", "mpt")))
-    bias = kind in ("gpt2", "bert") or bool(cfg.get("attention_bias", False) or cfg.get("no_bias") is False)
+        learned = get.whole("max_position_embeddings", default=512, minimum=0, maximum=MAX_SEQ_LEN) \
+            + get.whole("type_vocab_size", default=2, minimum=0)
+    seq = get.whole("max_position_embeddings", "n_positions", "max_seq_len", "n_ctx", default=2048,
+                    maximum=MAX_SEQ_LEN)
+    drop = any(get.number(k, 0.0, maximum=1.0) > 0 for k in (
+        "hidden_dropout_prob", "resid_pdrop", "attention_dropout", "attention_probs_dropout_prob", "attn_pdrop"))
+    tied = get.flag("tie_word_embeddings", kind in ("gpt2", "bert", "mpt"))
+    bias = kind in ("gpt2", "bert") or get.flag("attention_bias", False) or get.flag("no_bias", True) is False
     is_bert = kind == "bert"
-    return ModelSpec(name=name or p.parent.name or p.stem, hidden=int(h), layers=int(L), heads=int(a),
-                     vocab=int(V), ffn_hidden=int(f), kv_heads=int(kv or 0), mlp="swiglu" if gated else "gelu",
-                     tied_embeddings=tied, learned_positions=int(learned), bias=bias, dropout=drop,
-                     causal=not is_bert, lm_head=not is_bert, extra_params=int(h) * int(h) + int(h) if is_bert else 0,
-                     max_seq_len=int(seq), source=f"Hugging Face config {p}")
+    return ModelSpec(name=name or p.parent.name or p.stem, hidden=h, layers=L, heads=a, vocab=V, ffn_hidden=f,
+                     kv_heads=kv, mlp="swiglu" if gated else "gelu", tied_embeddings=tied,
+                     learned_positions=learned, bias=bias, dropout=drop, causal=not is_bert, lm_head=not is_bert,
+                     extra_params=h * h + h if is_bert else 0, max_seq_len=seq, source=f"Hugging Face config {p}")
 
 
 def custom_model(name: str, **shape) -> ModelSpec:

@@ -22,13 +22,15 @@ from tensorpilot.plan import calibration as cal
 from tensorpilot.plan import memory as mem
 from tensorpilot.plan import timing as tm
 from tensorpilot.plan.flops import RECOMPUTE_MODES, hardware_flops, train_flops
+from tensorpilot.plan.limits import (MAX_DEVICES, MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_SEQ_LEN,
+                                     MAX_SEQUENCES, MAX_TOKENS, check_count, check_number)
 from tensorpilot.plan.models import ModelSpec
 
-__all__ = ["InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "predict", "predict_inference"]
+__all__ = ["InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "hourly_price", "predict",
+           "predict_inference"]
 
 SHARDINGS = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
@@ -80,6 +82,15 @@ class TrainSetup:
     tokens: float | None = None           # tokens to train, for time / cost / energy
     price_per_hour: float | None = None   # USD per device-hour; default: the catalog's price
     grid_g_per_kwh: float = cal.DEFAULT_GRID_G_PER_KWH
+
+    def __post_init__(self) -> None:
+        check_count("seq_len", self.seq_len, MAX_SEQ_LEN)
+        check_count("global_batch", self.global_batch, MAX_SEQUENCES)
+        if self.tokens is not None:
+            check_number("tokens", self.tokens, MAX_TOKENS, above_low=True)
+        if self.price_per_hour is not None:
+            check_number("price_per_hour", self.price_per_hour, MAX_PRICE_PER_HOUR)
+        check_number("grid_g_per_kwh", self.grid_g_per_kwh, MAX_GRID_G_PER_KWH)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -134,9 +145,12 @@ def device_rates(acc: Accelerator, compute_dtype: str) -> tm.DeviceRates:
 def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: int | None = None) -> None:
     """Raise ConfigError (one sentence) for a layout that cannot run."""
     lo = layout
-    for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages"):
-        if getattr(lo, name) < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {getattr(lo, name)}.")
+    for name, high in (("tp", MAX_DEVICES), ("pp", MAX_DEVICES), ("dp", MAX_DEVICES),
+                       ("micro_batch", MAX_SEQUENCES), ("virtual_stages", MAX_DEVICES)):
+        check_count(name, getattr(lo, name), high)
+    if lo.n_devices > MAX_DEVICES:
+        raise ConfigError(f"tp x pp x dp = {lo.n_devices:,} devices exceeds the planner's maximum of "
+                          f"{MAX_DEVICES:,}.")
     if n_devices is not None and lo.n_devices != n_devices:
         raise ConfigError(f"tp x pp x dp = {lo.tp} x {lo.pp} x {lo.dp} = {lo.n_devices} does not equal "
                           f"--gpus {n_devices}.")
@@ -147,6 +161,9 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
                           "one another.")
     if lo.pp > spec.layers:
         raise ConfigError(f"pp={lo.pp} exceeds the {spec.layers} layers of {spec.name}.")
+    if lo.schedule == "interleaved" and lo.pp * lo.virtual_stages > spec.layers:
+        raise ConfigError(f"pp x virtual stages = {lo.pp} x {lo.virtual_stages} exceeds the {spec.layers} layers "
+                          f"of {spec.name} (each model chunk needs a layer).")
     if setup.global_batch % (lo.dp * lo.micro_batch):
         raise ConfigError(f"micro-batch {lo.micro_batch} x dp {lo.dp} does not divide the global batch "
                           f"{setup.global_batch}.")
@@ -160,8 +177,6 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
         raise ConfigError("sequence parallelism needs tp > 1.")
     if setup.attention not in ("flash", "materialized"):
         raise ConfigError(f"attention must be flash or materialized, not {setup.attention!r}.")
-    if setup.seq_len < 1 or setup.global_batch < 1:
-        raise ConfigError("seq_len and global_batch must be positive integers.")
 
 
 def _stage_params(spec: ModelSpec, pp: int) -> float:
@@ -290,18 +305,23 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                 tokens_per_s_per_device=tokens_step / step_s / n_dev, model_flops_per_step=model_flops,
                 hardware_flops_per_step=hw_flops, mfu=plan_mfu, hfu=plan_hfu, peak_flops_per_s=peak,
                 power_w_per_device=power)
-    price = s.price_per_hour or acc.price_usd_per_gpu_hour
+    price = hourly_price(s, acc)
     plan.price_per_gpu_hour = price
     if s.tokens:
         plan.time_to_train_s = s.tokens / plan.tokens_per_s
         plan.gpu_hours = plan.time_to_train_s * n_dev / 3600
-        plan.cost_usd = plan.gpu_hours * price if price else None
+        plan.cost_usd = plan.gpu_hours * price if price is not None else None
         if power:
             plan.energy_kwh = power * n_dev * plan.time_to_train_s / 3.6e6
             plan.co2_kg = plan.energy_kwh * s.grid_g_per_kwh / 1000
-    if not price:
+    if price is None:
         plan.notes.append(f"no catalog price for {acc.key}: pass --price-per-hour for a cost.")
     return plan
+
+
+def hourly_price(setup: TrainSetup, acc: Accelerator) -> float | None:
+    """The user's price (0 included: owned hardware) or else the catalog's; None when neither."""
+    return setup.price_per_hour if setup.price_per_hour is not None else acc.price_usd_per_gpu_hour
 
 
 def DTYPE_COMPUTE_BYTES(prec: mem.Precision) -> float:  # noqa: N802 - reads like the table it is
@@ -331,6 +351,11 @@ class InferencePlan:
 def predict_inference(spec: ModelSpec, acc: Accelerator, *, batch: int, context: int, dtype: str = "bf16",
                       kv_dtype: str | None = None, tp: int = 1) -> InferencePlan:
     """Weights + KV cache for ``batch`` sequences of ``context`` tokens, split over ``tp`` devices."""
+    check_count("batch", batch, MAX_SEQUENCES)
+    check_count("context", context, MAX_SEQ_LEN)
+    check_count("tp", tp, MAX_DEVICES)
+    if (kv_dtype or dtype) not in mem.DTYPE_BYTES:
+        raise ConfigError(f"unknown KV-cache dtype {kv_dtype!r}; use one of {', '.join(mem.DTYPE_BYTES)}.")
     if spec.heads % tp:
         raise ConfigError(f"tp={tp} does not divide the {spec.heads} attention heads of {spec.name}.")
     w = mem.weights_bytes(spec.n_params, dtype) / tp

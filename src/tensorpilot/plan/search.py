@@ -12,18 +12,31 @@ under a second.
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from dataclasses import dataclass, field, replace
 
 from tensorpilot.errors import ConfigError
 from tensorpilot.hardware.catalog import Accelerator
 from tensorpilot.plan import calibration as cal
+from tensorpilot.plan import memory as mem
+from tensorpilot.plan.flops import model_flops_per_token
+from tensorpilot.plan.limits import MAX_DEVICES, check_count
 from tensorpilot.plan.models import ModelSpec
-from tensorpilot.plan.predict import Layout, Plan, TrainSetup, check_layout, predict
+from tensorpilot.plan.predict import Layout, Plan, TrainSetup, check_layout, hourly_price, predict
 
-__all__ = ["SearchResult", "candidate_layouts", "cheapest_for_deadline", "explain_winner", "search"]
+__all__ = ["SearchResult", "candidate_layouts", "cheapest_for_deadline", "divisors", "explain_winner",
+           "parse_duration_s", "prime_factors", "search"]
 
 OBJECTIVES = ("throughput", "cost")
+# Layouts (before recomputation modes) one search evaluates at most: ~3 predictions each at
+# ~0.1 ms keep it under ~5 s. Published shapes stay far below: llama3.1-405b on 8,648,640 devices
+# (448 divisors, the most of any count up to MAX_DEVICES) with a global batch they all divide
+# yields 5,220; only a config with thousands of layers reaches the limit.
+MAX_SEARCH_LAYOUTS = 20_000
+# Largest count --deadline tries (powers of two): the size of the largest published runs (Llama 3).
+DEADLINE_MAX_DEVICES = 16384
 
 
 @dataclass(slots=True)
@@ -36,8 +49,30 @@ class SearchResult:
     why: list[str] = field(default_factory=list)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def prime_factors(n: int) -> dict[int, int]:
+    """{prime: exponent} of ``n`` >= 1 by trial division. Each factor found shrinks ``n``, and the
+    loop stops once d^2 exceeds what is left, so it costs at most ~sqrt(n)/2 divisions, reached
+    only when n is a prime or has a prime factor near sqrt(n) (n = 9,999,991, a prime: 1,581)."""
+    if n < 1:
+        raise ValueError(f"n must be a positive integer, not {n}")
+    factors: dict[int, int] = {}
+    d = 2
+    while d * d <= n:
+        while n % d == 0:
+            factors[d] = factors.get(d, 0) + 1
+            n //= d
+        d += 1 if d == 2 else 2            # 2, then odd candidates only
+    if n > 1:                              # what is left has no factor <= its square root: a prime
+        factors[n] = factors.get(n, 0) + 1
+    return factors
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n`` >= 1, ascending: the products of its prime powers."""
+    divs = [1]
+    for p, k in prime_factors(n).items():
+        divs = [d * p**e for d in divs for e in range(k + 1)]
+    return sorted(divs)
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -50,7 +85,7 @@ def candidate_layouts(spec: ModelSpec, n_devices: int, setup: TrainSetup, *,
     for tp in _powers_of_two(min(gpus_per_node, n_devices)):
         if n_devices % tp or spec.heads % tp or (spec.n_kv_heads % tp and tp % spec.n_kv_heads):
             continue
-        for pp in _divisors(n_devices // tp):
+        for pp in divisors(n_devices // tp):
             if pp > spec.layers:
                 break
             dp = n_devices // (tp * pp)
@@ -74,7 +109,7 @@ def _score(plan: Plan, objective: str) -> float:
     """Lower is better: seconds per token, or dollars per token (seconds x devices x price)."""
     per_token_s = 1 / plan.tokens_per_s
     if objective == "cost":
-        return per_token_s * plan.n_devices * (plan.price_per_gpu_hour or 1.0)
+        return per_token_s * plan.n_devices * plan.price_per_gpu_hour
     return per_token_s
 
 
@@ -82,9 +117,17 @@ def search(spec: ModelSpec, acc: Accelerator, n_devices: int, setup: TrainSetup,
            objective: str = "throughput", top: int = 5, recompute_modes=("none", "selective", "full")) -> SearchResult:
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}; use {' or '.join(OBJECTIVES)}.")
+    check_count("the number of devices", n_devices, MAX_DEVICES)
+    if objective == "cost" and hourly_price(setup, acc) is None:
+        raise ConfigError(f"ranking by cost needs a price: {acc.key} has no catalog price; pass --price-per-hour USD.")
     result = SearchResult(ranked=[], objective=objective)
     plans: list[Plan] = []
-    for base in candidate_layouts(spec, n_devices, setup):
+    candidates = list(itertools.islice(candidate_layouts(spec, n_devices, setup), MAX_SEARCH_LAYOUTS + 1))
+    if len(candidates) > MAX_SEARCH_LAYOUTS:
+        raise ConfigError(f"{spec.name} on {n_devices:,} devices with a global batch of {setup.global_batch:,} "
+                          f"has more than {MAX_SEARCH_LAYOUTS:,} layouts to search; choose a global batch or "
+                          "device count with fewer divisors.")
+    for base in candidates:
         fitted = False
         for rec in recompute_modes:
             result.considered += 1
@@ -136,17 +179,22 @@ def explain_winner(plans: list[Plan], objective: str) -> list[str]:
 
 
 def cheapest_for_deadline(spec: ModelSpec, tokens: float, deadline_s: float, setup: TrainSetup, *,
-                          accelerators: list[Accelerator], max_devices: int = 16384) -> list[tuple[Plan, float]]:
+                          accelerators: list[Accelerator], max_devices: int = DEADLINE_MAX_DEVICES
+                          ) -> list[tuple[Plan, float]]:
     """For each accelerator with a price: the smallest power-of-two device count whose best
     layout trains ``tokens`` within ``deadline_s`` (and the next count, if cheaper).
     Returns [(plan, cost_usd)] cheapest first."""
     found: list[tuple[Plan, float]] = []
     for acc in accelerators:
-        price = setup.price_per_hour or acc.price_usd_per_gpu_hour
-        if not price or not acc.peak_flops_per_s(_compute_dtype(setup.precision)):
+        price = hourly_price(setup, acc)
+        peak = acc.peak_flops_per_s(_compute_dtype(setup.precision))
+        if price is None or not peak:
             continue
         best: tuple[Plan, float] | None = None
+        fewest = _fewest_devices(spec, acc, setup, tokens, deadline_s, peak)
         n = 1
+        while n <= max_devices and n < fewest:         # counts that cannot work: skipped unsearched
+            n *= 2
         while n <= max_devices:
             res = search(spec, acc, n, setup, top=1)
             if res.ranked:
@@ -170,23 +218,36 @@ def cheapest_for_deadline(spec: ModelSpec, tokens: float, deadline_s: float, set
     return found
 
 
-def _compute_dtype(precision_name: str) -> str:
-    from tensorpilot.plan.memory import precision
+def _fewest_devices(spec: ModelSpec, acc: Accelerator, setup: TrainSetup, tokens: float, deadline_s: float,
+                    peak_flops_per_s: float) -> float:
+    """A lower bound on the devices that can train ``tokens`` within ``deadline_s``; fewer cannot:
+    - no prediction beats 100% MFU: n x deadline x peak >= tokens x FLOPs per token;
+    - no layout holds less than the model states fully sharded over all n devices (each device
+      keeps at least n_params x state bytes / n: the busiest pipeline stage holds at least its
+      share) plus the CUDA context, within the usable memory predict() allows."""
+    ideal_device_s = tokens * model_flops_per_token(spec, setup.seq_len) / peak_flops_per_s
+    prec = mem.precision(setup.precision, setup.optimizer)
+    state_bytes = sum(mem.model_state_bytes(spec.n_params, prec).values())
+    usable_bytes = (acc.mem_gb or 0) * 2**30 * (1 - cal.SAFETY_MARGIN_FRACTION) - cal.CONTEXT_BYTES
+    by_memory = state_bytes / usable_bytes if usable_bytes > 0 else math.inf
+    return max(ideal_device_s / deadline_s, by_memory)
 
-    return precision(precision_name).compute
+
+def _compute_dtype(precision_name: str) -> str:
+    return mem.precision(precision_name).compute
+
+
+_DURATION = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([wdhms]?)\s*", re.IGNORECASE)
+_UNIT_S = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1, "": 1}
 
 
 def parse_duration_s(text: str) -> float:
-    """'14d', '36h', '90m', '3600s' or a number of seconds -> seconds."""
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1, "w": 7 * 86400}
-    t = text.strip().lower()
-    try:
-        if t and t[-1] in units:
-            value = float(t[:-1]) * units[t[-1]]
-        else:
-            value = float(t)
-    except ValueError:
-        raise ConfigError(f"cannot read duration {text!r}; write e.g. 14d, 36h or 90m.") from None
-    if not value > 0 or math.isinf(value):
-        raise ConfigError(f"duration {text!r} must be positive.")
+    """'14d', '36h', '90m', '3600s', '2w' or a number of seconds -> seconds (finite, > 0)."""
+    m = _DURATION.fullmatch(text)
+    if m is None:
+        raise ConfigError(f"cannot read duration {text!r}; write a positive number with a unit, e.g. 14d, "
+                          "36h, 90m or 3600s.")
+    value = float(m.group(1)) * _UNIT_S[m.group(2).lower()]
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"duration {text!r} must be more than 0 and finite.")
     return value

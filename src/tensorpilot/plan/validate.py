@@ -17,21 +17,28 @@ How a row becomes a prediction, with every rule stated (none is per row):
   and accelerate print under that name).
 - a blank micro_batch is 1; 'interleaved pipeline (N chunks)' in flops_convention selects the
   interleaved schedule.
+
+A row the planner cannot model (an unknown label, accelerator or metric, a malformed number, a
+missing column, a layout that cannot run) is reported with its reason and predicted as n/a; the
+other rows are predicted all the same. Only a file that is not a published-runs CSV at all
+(missing, unreadable, not CSV text, no header or no rows) stops the command.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorpilot.errors import ConfigError
+from tensorpilot.errors import ConfigError, PathError
+from tensorpilot.files import existing_path, os_reason
 from tensorpilot.plan import memory as mem
 from tensorpilot.plan.models import ModelSpec
 
-__all__ = ["RowResult", "load_rows", "summarize", "validate_rows", "validate_file"]
+__all__ = ["RowResult", "counts", "load_rows", "predict_row", "summarize", "validate_rows", "validate_file"]
 
 # metric -> kind reported in the summary
 METRIC_KINDS = {
@@ -51,6 +58,11 @@ _PRECISIONS = [("fp16 mixed adamw", "fp16-amp"), ("bf16 amp", "bf16-amp"), ("bf1
                ("fp16", "fp16")]
 _SHARDINGS = {"none": "none", "": "none", "ddp (no sharding)": "none", "zero-1": "zero1", "zero-2": "zero2",
               "zero-3": "zero3", "fsdp-full": "zero3", "fsdp2": "zero3", "fsdp": "zero3"}
+# no count in a published run (devices, sequences, tokens per sequence, widths) comes near this;
+# the planner's own limits (limits.py) then check each column more tightly
+_MAX_INT = 10**9
+# columns without which a file is not a published-runs CSV at all; any other may be blank per row
+REQUIRED_COLUMNS = ("id", "metric", "value", "unit", "params_b", "n_gpus")
 
 
 @dataclass(slots=True)
@@ -58,15 +70,17 @@ class RowResult:
     id: str
     metric: str
     kind: str
-    published: float
-    predicted: float | None
+    published: float | None          # None when the row's value is not a positive number
+    predicted: float | None          # None when the row is not modelled (``note`` says why)
     unit: str
     note: str = ""
 
     @property
     def error(self) -> float | None:
         """Signed relative error, (predicted - published) / published."""
-        return None if self.predicted is None else (self.predicted - self.published) / self.published
+        if self.predicted is None or self.published is None:
+            return None
+        return (self.predicted - self.published) / self.published
 
     def to_dict(self) -> dict:
         return {"id": self.id, "metric": self.metric, "kind": self.kind, "published": self.published,
@@ -75,34 +89,96 @@ class RowResult:
 
 
 def load_rows(path: str | Path) -> list[dict[str, str]]:
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"validation file {str(p)!r} does not exist.")
-    with p.open(newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
-    needed = {"id", "metric", "value", "unit", "params_b", "n_gpus"}
-    if not rows or needed - set(rows[0]):
-        raise ConfigError(f"{str(p)!r} is not a published-runs CSV (needs columns {', '.join(sorted(needed))}).")
+    """The rows of a published-runs CSV, or one sentence on why the file is not one."""
+    p = existing_path(path, "validation file", kind="file")
+    where = f"validation file {str(path)!r}"
+    try:
+        if not p.is_file():                  # a FIFO or a device would block or never end
+            raise PathError(f"{where} is not a regular file.")
+        with p.open(newline="", encoding="utf-8-sig") as fh:   # -sig: spreadsheets write a BOM
+            reader = csv.DictReader(fh)
+            try:
+                columns = reader.fieldnames or []
+                rows = list(reader)
+            except csv.Error as exc:
+                raise ConfigError(f"{where} is not a readable CSV file (line {reader.line_num}: {exc}).") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not UTF-8 text; a published-runs CSV is.") from None
+    except OSError as exc:
+        raise PathError(f"{where} cannot be read: {os_reason(exc)}.") from None
+    if not columns:
+        raise ConfigError(f"{where} is empty; a published-runs CSV starts with a header naming the columns "
+                          f"{', '.join(REQUIRED_COLUMNS)}, ...")
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise ConfigError(f"{where} is not a published-runs CSV: its header lacks {', '.join(missing)}.")
+    if not rows:
+        raise ConfigError(f"{where} has a header but no rows.")
     return rows
 
 
+# ------------------------------------------------------------------------------ one row's columns
+
+def _text(row, key) -> str:
+    # a short row leaves its last columns None; a long one puts the surplus under the key None
+    value = row.get(key)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _number(row, key) -> float | None:
+    """The column as a finite float; None when blank."""
+    text = _text(row, key)
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"column {key!r} is {text[:40]!r}, not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"column {key!r} is {text[:40]!r}, not a finite number")
+    return value
+
+
 def _int(row, key, default=0):
-    v = (row.get(key) or "").strip()
-    return int(float(v)) if v else default
+    text = _text(row, key)
+    if not text:
+        return default
+    try:
+        value = int(text)              # exact, unlike a detour through float
+    except ValueError:
+        number = _number(row, key)     # '4096.0', '1e3'
+        if not number.is_integer():
+            raise ConfigError(f"column {key!r} is {text[:40]!r}, not a whole number") from None
+        value = int(number)
+    if abs(value) > _MAX_INT:
+        raise ConfigError(f"column {key!r} is {text[:40]!r}, beyond any real run")
+    return value
+
+
+def _check_shape(row) -> None:
+    """csv.DictReader fills the columns a short row lacks with None and puts a long row's surplus
+    values under the key None: either way the values may sit under the wrong columns."""
+    if None in row:
+        raise ConfigError(f"the row has {len(row) - 1 + len(row[None])} values for {len(row) - 1} columns")
+    absent = [k for k, v in row.items() if v is None]
+    if absent:
+        more = f" and {len(absent) - 3} more" if len(absent) > 3 else ""
+        raise ConfigError(f"the row lacks the columns {', '.join(absent[:3])}{more}")
 
 
 def _spec(row) -> ModelSpec | None:
-    if not (row.get("hidden") or "").strip():
+    if not _text(row, "hidden"):
         return None
-    name = row["model"].lower()
+    name = _text(row, "model")
+    family = name.lower()
     h, f = _int(row, "hidden"), _int(row, "ffn_hidden")
-    shape = dict(name=row["model"], hidden=h, layers=_int(row, "layers"), heads=_int(row, "heads"),
+    shape = dict(name=name, hidden=h, layers=_int(row, "layers"), heads=_int(row, "heads"),
                  vocab=_int(row, "vocab"), ffn_hidden=f or 4 * h, kv_heads=_int(row, "kv_heads"))
-    if "llama" in name:
+    if "llama" in family:
         return ModelSpec(**shape, mlp="swiglu")
-    if "mpt" in name:
+    if "mpt" in family:
         return ModelSpec(**shape, tied_embeddings=True)
-    if "bert" in name:
+    if "bert" in family:
         return ModelSpec(**shape, tied_embeddings=True, learned_positions=514, bias=True, dropout=True,
                          causal=False, lm_head=False, extra_params=h * h + h)
     return ModelSpec(**shape, learned_positions=_int(row, "seq_len", 2048), bias=True, dropout=True)
@@ -113,99 +189,123 @@ def _precision(text: str) -> str:
     for needle, name in _PRECISIONS:
         if needle in t:
             return name
-    raise ConfigError(f"unknown precision {text!r} in validation row.")
+    raise ConfigError(f"unknown precision label {text!r}")
+
+
+def _sharding(row) -> str:
+    label = _text(row, "sharding").lower()
+    if label not in _SHARDINGS:
+        raise ConfigError(f"unknown sharding label {label!r}")
+    return _SHARDINGS[label]
 
 
 def _layout_setup(row, spec: ModelSpec):
     from tensorpilot.plan.predict import Layout, TrainSetup
 
-    rec = (row.get("recompute") or "none").strip().lower() or "none"
+    rec = _text(row, "recompute").lower() or "none"
     sp = "sequence-parallel" in rec
     rec = rec.split("+")[0]
-    conv = (row.get("flops_convention") or "").lower()
-    m = re.search(r"interleaved pipeline \((\d+) chunks\)", conv)
+    conv = _text(row, "flops_convention").lower()
+    m = re.search(r"interleaved pipeline \((\d{1,6}) chunks\)", conv)
     tp, pp, dp = _int(row, "tp", 1), _int(row, "pp", 1), _int(row, "dp", 1)
-    layout = Layout(tp=tp, pp=pp, dp=dp, sharding=_SHARDINGS[(row.get("sharding") or "").strip().lower()],
-                    sequence_parallel=sp and tp > 1, micro_batch=_int(row, "micro_batch", 1),
-                    schedule="interleaved" if m else "1f1b", virtual_stages=int(m.group(1)) if m else 1,
-                    recompute=rec)
-    source = row.get("source", "")
-    flash = any(s in source for s in _FLASH_SOURCES)
-    prec = _precision(row.get("precision", ""))
-    opt = "adam"
+    layout = Layout(tp=tp, pp=pp, dp=dp, sharding=_sharding(row), sequence_parallel=sp and tp > 1,
+                    micro_batch=_int(row, "micro_batch", 1), schedule="interleaved" if m else "1f1b",
+                    virtual_stages=int(m.group(1)) if m else 1, recompute=rec)
+    flash = any(s in _text(row, "source") for s in _FLASH_SOURCES)
     setup = TrainSetup(seq_len=_int(row, "seq_len", spec.max_seq_len if spec else 2048),
-                       global_batch=_int(row, "global_batch", 1), precision=prec, optimizer=opt,
-                       attention="flash" if flash else "materialized")
+                       global_batch=_int(row, "global_batch", 1), precision=_precision(_text(row, "precision")),
+                       optimizer="adam", attention="flash" if flash else "materialized")
     return layout, setup
 
 
-def predict_row(row: dict[str, str]) -> RowResult:
+# ------------------------------------------------------------------------------ predictions
+
+def _new_result(row, index: int) -> RowResult:
+    """The row's identity and published value, readable even when the rest of it is not."""
+    metric, unit = _text(row, "metric"), _text(row, "unit")
+    try:
+        published = _number(row, "value")
+    except ConfigError:
+        published = None
+    return RowResult(_text(row, "id") or f"row {index}", metric, METRIC_KINDS.get(metric, "other"),
+                     published if published and published > 0 else None, None, unit)
+
+
+def predict_row(row: dict[str, str], index: int = 1) -> RowResult:
+    """The prediction of one row (``index``: its 1-based position, the id when the row has none);
+    a row that cannot be modelled comes back with ``predicted`` None and the reason in ``note``."""
+    result = _new_result(row, index)
+    try:
+        result.predicted = _predict(row, result)
+    except ConfigError as exc:       # our own sentences: labels, numbers, shapes, layouts, accelerators
+        result.note = f"not modelled: {str(exc).rstrip('.')}"
+    return result
+
+
+def _predict(row, result: RowResult) -> float | None:
     from tensorpilot.hardware import catalog
-    from tensorpilot.plan.predict import predict
+    from tensorpilot.plan.predict import SHARDINGS, predict
 
-    metric = row["metric"].strip()
-    unit = row["unit"].strip()
-    kind = METRIC_KINDS.get(metric, "other")
-    published = float(row["value"])
-    result = RowResult(row["id"], metric, kind, published, None, unit)
-    if metric not in METRIC_KINDS or unit not in UNITS:
-        result.note = f"metric {metric!r} / unit {unit!r} not modelled"
-        return result
-    scale = UNITS[unit]
+    _check_shape(row)
+    if result.metric not in METRIC_KINDS or result.unit not in UNITS:
+        raise ConfigError(f"metric {result.metric!r} / unit {result.unit!r} is not one the planner predicts")
+    if result.published is None:
+        raise ConfigError(f"column 'value' is {_text(row, 'value')[:40]!r}, not a positive number")
+    scale = UNITS[result.unit]
     spec = _spec(row)
-    n_params = float(row["params_b"]) * 1e9
-    prec_name = _precision(row.get("precision", ""))
-    if metric == "weights_memory":
+    params_b = _number(row, "params_b")
+    prec_name = _precision(_text(row, "precision"))
+    if spec is None and not (params_b and params_b > 0):
+        raise ConfigError("the row has neither a model shape nor a positive params_b")
+    if result.metric == "weights_memory":
         dtype = mem.precision(prec_name).compute
-        n = spec.n_params if spec else n_params
-        result.predicted = mem.weights_bytes(n, "fp32" if dtype == "tf32" else dtype) / scale
-        return result
-    if metric == "model_state_memory_per_gpu" and spec is None:
-        layout_sh = _SHARDINGS[(row.get("sharding") or "").strip().lower()]
-        from tensorpilot.plan.predict import SHARDINGS
-
-        states = mem.model_state_bytes(n_params, mem.precision(prec_name), zero_stage=SHARDINGS[layout_sh],
-                                       dp=_int(row, "dp", 1))
-        result.predicted = sum(states.values()) / scale
-        return result
+        n = spec.n_params if spec else params_b * 1e9
+        return mem.weights_bytes(n, "fp32" if dtype == "tf32" else dtype) / scale
+    if result.metric == "model_state_memory_per_gpu" and spec is None:
+        dp = _int(row, "dp", 1)
+        if dp < 1:
+            raise ConfigError(f"column 'dp' is {dp}, not a positive number")
+        states = mem.model_state_bytes(params_b * 1e9, mem.precision(prec_name),
+                                       zero_stage=SHARDINGS[_sharding(row)], dp=dp)
+        return sum(states.values()) / scale
     if spec is None:
-        result.note = "row has no model shape"
-        return result
+        raise ConfigError("the row has no model shape (hidden, layers, heads, vocab)")
     layout, setup = _layout_setup(row, spec)
-    gpu = (row.get("gpu") or "any").strip()
+    gpu = _text(row, "gpu") or "any"
     acc = catalog.get(GPU_NAMES.get(gpu.lower(), gpu))
     plan = predict(spec, acc, layout, setup)
     if layout.n_devices != _int(row, "n_gpus", layout.n_devices):
         result.note = f"tp x pp x dp = {layout.n_devices} != n_gpus"
-    if metric == "achieved_tflops_per_gpu":
-        result.predicted = plan.hardware_flops_per_step / plan.step_time_s / plan.n_devices / scale
-    elif metric == "tokens_per_s_per_gpu":
-        result.predicted = plan.tokens_per_s_per_device / scale
-    elif metric == "iteration_time":
-        result.predicted = plan.step_time_s / scale
-    elif metric == "model_state_memory_per_gpu":
-        result.predicted = sum(plan.memory_bytes[k] for k in ("params", "grads", "master_params", "optimizer")) / scale
-    elif metric == "activation_memory_per_gpu":
-        result.predicted = plan.memory_bytes["activations"] / scale
-    elif metric == "nvidia_smi_memory":
-        result.predicted = plan.memory_bytes["total"] / scale
-    if "uncertain" in (row.get("flops_convention") or ""):
+    if "uncertain" in _text(row, "flops_convention"):
         result.note = "published value marked uncertain"
-    return result
+    states = ("params", "grads", "master_params", "optimizer")
+    return {"achieved_tflops_per_gpu": lambda: plan.hardware_flops_per_step / plan.step_time_s / plan.n_devices,
+            "tokens_per_s_per_gpu": lambda: plan.tokens_per_s_per_device,
+            "iteration_time": lambda: plan.step_time_s,
+            "model_state_memory_per_gpu": lambda: sum(plan.memory_bytes[k] for k in states),
+            "activation_memory_per_gpu": lambda: plan.memory_bytes["activations"],
+            "nvidia_smi_memory": lambda: plan.memory_bytes["total"]}[result.metric]() / scale
 
 
 def validate_rows(rows: list[dict[str, str]]) -> list[RowResult]:
-    return [predict_row(r) for r in rows]
+    return [predict_row(r, n) for n, r in enumerate(rows, 1)]
 
 
 def summarize(results: list[RowResult]) -> dict[str, dict[str, float]]:
-    """Median and max absolute relative error (fractions) and row count, per metric kind."""
+    """Median and max absolute relative error (fractions) and row count, per metric kind, over
+    the rows with a prediction."""
     kinds: dict[str, list[float]] = {}
     for r in results:
         if r.error is not None:
             kinds.setdefault(r.kind, []).append(abs(r.error))
     return {k: {"median_abs_error": statistics.median(v), "max_abs_error": max(v), "rows": len(v)}
             for k, v in sorted(kinds.items())}
+
+
+def counts(results: list[RowResult]) -> dict[str, int]:
+    """Rows in the file, rows predicted, rows not modelled (each with its reason in ``note``)."""
+    predicted = sum(r.predicted is not None for r in results)
+    return {"rows": len(results), "predicted": predicted, "not_modelled": len(results) - predicted}
 
 
 def validate_file(path: str | Path) -> tuple[list[RowResult], dict[str, dict[str, float]]]:

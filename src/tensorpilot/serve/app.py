@@ -2,10 +2,15 @@
 
 Request path of ``POST /v2/models/{name}/infer``::
 
-    Guard (ASGI): auth -> size limit (413 before reading more) -> announce arrival to the batcher
+    Guard (ASGI): auth (401) -> body, bounded in size (413 before reading more) and time (408)
+      -> draining? (503) -> announce arrival to the batcher
       -> route: deadline header -> parse + validate (400) -> batcher.submit (503 / 504)
       -> compute thread (precision runner) -> v2 JSON response
     Guard counts the response status per route in tensorpilot_serve_requests_total.
+
+Shutdown (server.py) has a drain phase: from the first SIGTERM until the drain window ends, new
+infer/generate requests get 503 + Retry-After, readiness is 503, and every response closes its
+connection, so no keep-alive connection sits idle when uvicorn finally closes idle ones.
 
 Routes read the raw body and parse it once (orjson) instead of through pydantic models: at a
 few hundred requests per second on two cores, per-request Python overhead is the budget.
@@ -17,11 +22,13 @@ import asyncio
 import codecs
 import contextlib
 import hmac
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tensorpilot import __version__
+from tensorpilot.errors import first_line
 from tensorpilot.serve import protocol as P
 from tensorpilot.serve.batcher import Batcher, DeadlineExceeded, NotAccepting, QueueFull
 from tensorpilot.serve.config import ServeConfig
@@ -30,6 +37,8 @@ from tensorpilot.serve.metrics import Metrics
 TIMEOUT_HEADER = "x-request-timeout-ms"
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 RETRY_AFTER_S = "1"
+MODEL_ROUTES = ("infer", "generate", "generate_stream")
+WARM_EVERY_SIZE_UP_TO = 64
 
 
 @dataclass(kw_only=True)
@@ -46,9 +55,29 @@ class State:
     ready: bool = False
     startup_error: str | None = None
     warmed_batch_sizes: list[int] = field(default_factory=list)
+    drain_until: float | None = None              # time.monotonic() when the drain window ends
 
     def run_batch(self, x):
         return self.runner(x.to(self.served.device, non_blocking=True)).cpu()
+
+    def begin_drain(self, until: float) -> None:
+        """Called from the SIGTERM handler, which interrupts the event loop anywhere: a plain
+        assignment only (no locks, no I/O)."""
+        self.drain_until = until
+
+    @property
+    def draining(self) -> bool:
+        return self.drain_until is not None
+
+    @property
+    def serving(self) -> bool:
+        """What readiness reports: warmed up and not shutting down."""
+        return self.ready and self.drain_until is None
+
+    def drain_retry_after(self) -> str:
+        """Seconds until a retry can no longer reach this server mid-drain: its listener closes
+        when the window ends, so the retry goes to another replica (or is refused at once)."""
+        return str(max(1, math.ceil(self.drain_until - time.monotonic()) + 1))
 
 
 class HTTPError(Exception):
@@ -73,8 +102,9 @@ def _route_label(path: str) -> str:
 
 
 class Guard:
-    """Authentication, request size limit, arrival announcement and outcome counting, before
-    FastAPI sees the request (a plain ASGI middleware: no per-request Starlette objects)."""
+    """Authentication, request size and time limits, the drain refusal, arrival announcement and
+    outcome counting, before FastAPI sees the request (a plain ASGI middleware: no per-request
+    Starlette objects)."""
 
     def __init__(self, app, state: State):
         self.app, self.state = app, state
@@ -82,36 +112,48 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        st, path = self.state, scope["path"]
-        label = _route_label(path)
+        st = self.state
+        label = _route_label(scope["path"])
         status_seen = [500]
 
-        async def counting_send(message):
+        async def guarded_send(message):
             if message["type"] == "http.response.start":
                 status_seen[0] = message["status"]
+                if st.draining:                    # this answer is the connection's last
+                    message = _with_connection_close(message)
             await send(message)
 
-        announced = label in ("infer", "generate", "generate_stream") and st.batcher is not None
-        arrival = [announced]                     # the route flips it when it enqueues
-        if announced:
-            st.batcher.announce()
-            scope["tp_arrival"] = arrival
+        arrival = [False]                          # announced; the route clears it when it enqueues
         try:
-            if st.cfg.api_key and label != "health" and not self._authorized(scope):
-                return await self._reply(counting_send, 401, "missing or wrong API key: send "
-                                         "'Authorization: Bearer <key>'.", {"www-authenticate": "Bearer"})
-            if scope["method"] in ("POST", "PUT", "PATCH"):
-                body = await self._read_limited(scope, receive)
-                if body is None:
-                    return await self._reply(counting_send, 413, f"the request body exceeds "
-                                             f"{st.cfg.max_request_bytes} bytes.")
-                receive = _replay(body, receive)
-            await self.app(scope, receive, counting_send)
+            try:
+                receive = await self._admit(scope, receive, label, arrival)
+            except HTTPError as exc:
+                return await self._reply(guarded_send, exc.status, exc.message, exc.headers)
+            await self.app(scope, receive, guarded_send)
         finally:
             if arrival[0]:
                 st.batcher.withdraw()
             if label != "health" and label != "metrics" and st.metrics is not None:
                 st.metrics.count(label, status_seen[0])
+
+    async def _admit(self, scope, receive, label: str, arrival: list[bool]):
+        """The request's receive channel once it may reach the app, or an HTTPError."""
+        st = self.state
+        if st.cfg.api_key and label != "health" and not self._authorized(scope):
+            raise HTTPError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'.",
+                            {"www-authenticate": "Bearer"})
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            receive = _replay(await self._read_body(scope, receive), receive)
+        if label in MODEL_ROUTES and st.batcher is not None:
+            if st.draining:
+                raise HTTPError(503, "the server is shutting down; retry on another replica.",
+                                {"retry-after": st.drain_retry_after()})
+            # announced only now that the whole body is here: an upload that stalls must not
+            # make the batcher hold a lone request for company that is not coming
+            arrival[0] = True
+            st.batcher.announce()
+            scope["tp_arrival"] = arrival
+        return receive
 
     def _authorized(self, scope) -> bool:
         expected = f"Bearer {self.state.cfg.api_key}".encode()
@@ -120,24 +162,33 @@ class Guard:
                 return hmac.compare_digest(value, expected)
         return False
 
-    async def _read_limited(self, scope, receive) -> bytes | None:
-        limit = self.state.cfg.max_request_bytes
+    async def _read_body(self, scope, receive) -> bytes:
+        """The whole body, or 413 (over the size limit: from Content-Length before reading, or
+        while reading a chunked upload) or 408 (not complete within the body timeout)."""
+        cfg = self.state.cfg
+        too_large = HTTPError(413, f"the request body exceeds {cfg.max_request_bytes} bytes.")
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
-                    if int(value) > limit:
-                        return None                # refuse before reading the body
+                    declared = int(value)
                 except ValueError:
-                    pass
+                    continue
+                if declared > cfg.max_request_bytes:
+                    raise too_large                # refuse before reading the body
+        deadline = time.monotonic() + cfg.body_timeout_s
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
+            except asyncio.TimeoutError:
+                raise HTTPError(408, f"the request body did not arrive within {cfg.body_timeout_s:g} s; "
+                                     "send it without pauses.") from None
             if message["type"] == "http.disconnect":
                 break
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > limit:                       # chunked upload without a length
-                return None
+            if size > cfg.max_request_bytes:       # chunked upload without a length
+                raise too_large
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
@@ -150,6 +201,13 @@ class Guard:
                (b"connection", b"close")] + [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": body})
+
+
+def _with_connection_close(start: dict) -> dict:
+    headers = list(start.get("headers", []))
+    if not any(name.lower() == b"connection" for name, _ in headers):
+        headers.append((b"connection", b"close"))
+    return dict(start, headers=headers)
 
 
 def _replay(body: bytes, receive):
@@ -207,6 +265,22 @@ def _check_model(st: State, name: str, need_ready: bool = True) -> None:
         raise HTTPError(503, f"not ready: {why}.", {"retry-after": RETRY_AFTER_S})
 
 
+def warmup_batch_sizes(max_batch: int) -> list[int]:
+    """Every size up to 64, then powers of two and the largest. The first forward pass at a new
+    shape pays one-off costs (kernel and algorithm selection, allocator growth), so the usual
+    sizes are all run once; above 64, running every size would take N^2/2 rows (8 M at 4096)."""
+    small = list(range(1, min(max_batch, WARM_EVERY_SIZE_UP_TO) + 1))
+    powers = [1 << k for k in range(WARM_EVERY_SIZE_UP_TO.bit_length(), max_batch.bit_length())
+              if (1 << k) < max_batch]
+    return small + powers + ([max_batch] if max_batch > WARM_EVERY_SIZE_UP_TO else [])
+
+
+def _describe_sizes(sizes: list[int]) -> str:
+    upto = max(s for i, s in enumerate(sizes, start=1) if s == i)       # 1..k run in full
+    rest = [s for s in sizes if s > upto]
+    return f"1..{upto}" + ("".join(f", {s}" for s in rest))
+
+
 def sample_next(logits, temperature: float, top_k: int, generator) -> int:
     """Next token from (1, V) logits: greedy at temperature 0, else top-k sampling; the same
     operations in the same order as GPT.generate, so a seed gives the same text as
@@ -235,10 +309,11 @@ def build_app(served, cfg: ServeConfig, *, precision: str = "auto", caps=None,
     st = State(served=served, cfg=cfg, precision=precision, caps=caps, log=log,
                metrics=Metrics(cfg.batch.max_batch_size))
     st.batcher = Batcher(st.run_batch, cfg.batch, st.metrics)
+    st.metrics.ready.set_function(lambda: float(st.serving))
     spec_in, spec_out = served.input, served.output
 
     async def warm_up() -> None:
-        """Choose the precision, then run every batch size once: ready only after that."""
+        """Choose the precision, then run the warm-up batch sizes once: ready only after that."""
         from tensorpilot.hardware.device import detect
         from tensorpilot.serve import precision as prec
 
@@ -249,15 +324,14 @@ def build_app(served, cfg: ServeConfig, *, precision: str = "auto", caps=None,
             acc = st.prepared.accuracy
             log(f"precision: {st.prepared.name} ({st.prepared.reason})"
                 + (f"; accuracy vs fp32: {acc.describe()}" if acc else ""))
-            for b in range(1, cfg.batch.max_batch_size + 1):
+            for b in warmup_batch_sizes(cfg.batch.max_batch_size):
                 await st.batcher.run_sync(st.run_batch, served.example(b, seed=2))
                 st.warmed_batch_sizes.append(b)
             st.ready = True
-            st.metrics.ready.set(1)
-            log(f"ready: warmed up batch sizes 1..{cfg.batch.max_batch_size} at sample shape "
-                f"{list(spec_in.full_sample_shape)}")
+            log(f"ready: warmed up batch sizes {_describe_sizes(st.warmed_batch_sizes)} at sample "
+                f"shape {list(spec_in.full_sample_shape)}")
         except Exception as exc:               # reported by /v2/health/ready; the server stays up
-            st.startup_error = f"start-up failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            st.startup_error = f"start-up failed: {type(exc).__name__}: {first_line(exc)}"
             log(st.startup_error)
 
     @contextlib.asynccontextmanager
@@ -297,10 +371,10 @@ def build_app(served, cfg: ServeConfig, *, precision: str = "auto", caps=None,
     async def live():
         return json({"live": True})
 
-    @app.get("/v2/health/ready", summary="Readiness: precision chosen and every batch size warmed up.",
+    @app.get("/v2/health/ready", summary="Readiness: warmed up and not shutting down.",
              responses={503: err})
     async def ready():
-        return json({"ready": st.ready}, 200 if st.ready else 503)
+        return json({"ready": st.serving}, 200 if st.serving else 503)
 
     @app.get("/v2", summary="Server metadata.")
     async def server_metadata():
@@ -319,7 +393,7 @@ def build_app(served, cfg: ServeConfig, *, precision: str = "auto", caps=None,
     @app.get(model_path + "/ready", summary="Model readiness.", responses={404: err, 503: err})
     async def model_ready(name: str):
         _check_model(st, name, need_ready=False)
-        return json({"name": served.name, "ready": st.ready}, 200 if st.ready else 503)
+        return json({"name": served.name, "ready": st.serving}, 200 if st.serving else 503)
 
     @app.post(model_path + "/infer", summary="Run the model on one request (batched with others).",
               responses={400: err, 401: err, 404: err, 413: err, 503: err, 504: err},

@@ -5,8 +5,9 @@ Policy (one batch computes at a time; requests only batch with requests of equal
 * When the worker is free it takes the largest batch already waiting (up to ``max_batch_size``
   rows, oldest first) at once: requests that queued while the previous batch computed form the
   next batch with no added delay.
-* It waits only while a bigger batch cannot yet be formed -- requests that have reached the
-  server but are still being read and parsed (``announce``/``withdraw``) -- and never past
+* It waits only while a bigger batch cannot yet be formed -- requests whose body has arrived
+  in full and that are being parsed (``announce``/``withdraw``; an upload still in progress, or
+  stalled, is not announced, so it never delays anyone) -- and never past
   ``max_queue_delay`` counted from the oldest request's arrival. With nothing else in flight
   it does not wait: a lone request at concurrency 1 pays no batching delay, so batching on is
   never slower than off. (Triton's dynamic batcher waits the full delay whenever the preferred
@@ -60,7 +61,7 @@ class Batcher:
         self.cfg = cfg
         self.metrics = metrics
         self._pending: deque[_Item] = deque()
-        self._arriving = 0              # requests read/parsed right now that will enqueue
+        self._arriving = 0              # requests being parsed right now that will enqueue
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._accepting = False
@@ -91,7 +92,8 @@ class Batcher:
 
     # ----------------------------------------------------------------- arrivals
     def announce(self) -> None:
-        """A request for this batcher has arrived and is being read (it may enqueue soon)."""
+        """A request for this batcher has arrived in full and is being parsed (it may enqueue
+        within microseconds to milliseconds; never call this before the body is read)."""
         self._arriving += 1
 
     def withdraw(self) -> None:

@@ -6,19 +6,25 @@ Why these choices:
 * probes: startup and readiness on /v2/health/ready (ready only after every batch size is warmed
   up, so no cold request reaches a new pod), liveness on /v2/health/live (cheap, never blocked
   by the model). The startup probe allows 10 minutes for precision choice + warm-up.
-* terminationGracePeriodSeconds > the server's --graceful-timeout, and a preStop sleep so the
-  endpoint is removed from the Service before SIGTERM arrives: in-flight requests finish.
+* a preStop sleep so the endpoint is removed from the Service before SIGTERM arrives, then the
+  server's drain window; terminationGracePeriodSeconds covers preStop + drain window + the
+  server's --graceful-timeout, so in-flight requests finish.
 * scaling on ``tensorpilot_serve_queue_depth`` (requests waiting for a batch) rather than CPU:
   on a GPU the host CPU is idle while the queue grows.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
+import re
 import shlex
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tensorpilot.errors import UsageError
+from tensorpilot.files import existing_path, writable_dir, write_atomic
 
 PORT = 8000
 METRIC = "tensorpilot_serve_queue_depth"
@@ -31,9 +37,9 @@ def _labels(name: str) -> dict[str, str]:
 
 
 def deployment(*, name: str, namespace: str, image: str, pvc: str, gpus: int, replicas: int,
-               model_name: str, serve_args: list[str], graceful_s: int = 30) -> dict[str, Any]:
-    args = ["serve", "--run", MOUNT, "--host", "0.0.0.0", "--port", str(PORT), "--name", model_name,
-            "--graceful-timeout", str(graceful_s), *serve_args]
+               container_args: list[str], grace_s: int) -> dict[str, Any]:
+    """``grace_s``: terminationGracePeriodSeconds, longer than preStop + drain window + graceful
+    timeout, so the kubelet's SIGKILL never cuts a drain short."""
     resources: dict[str, Any] = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}
     pod_extra: dict[str, Any] = {}
     if gpus > 0:
@@ -47,7 +53,7 @@ def deployment(*, name: str, namespace: str, image: str, pvc: str, gpus: int, re
                 "timeoutSeconds": 2, "failureThreshold": failures}
 
     container = {
-        "name": "server", "image": image, "command": ["tensorpilot"], "args": args,
+        "name": "server", "image": image, "command": ["tensorpilot"], "args": container_args,
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": [{"name": "TENSORPILOT_API_KEY", "valueFrom": {"secretKeyRef": {
             "name": f"{name}-api-key", "key": "api-key", "optional": True}}}],
@@ -55,7 +61,7 @@ def deployment(*, name: str, namespace: str, image: str, pvc: str, gpus: int, re
         "startupProbe": probe("/v2/health/ready", 5, 120),       # up to 10 min of warm-up
         "readinessProbe": probe("/v2/health/ready", 5, 2),
         "livenessProbe": probe("/v2/health/live", 10, 3),
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
         "volumeMounts": [{"name": "model", "mountPath": MOUNT, "readOnly": True}],
         "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
                             "capabilities": {"drop": ["ALL"]}},
@@ -71,7 +77,7 @@ def deployment(*, name: str, namespace: str, image: str, pvc: str, gpus: int, re
                     "prometheus.io/scrape": "true", "prometheus.io/port": str(PORT),
                     "prometheus.io/path": "/metrics"}},
                 "spec": {"containers": [container],
-                         "terminationGracePeriodSeconds": graceful_s + 15,
+                         "terminationGracePeriodSeconds": grace_s,
                          "volumes": [{"name": "model", "persistentVolumeClaim": {
                              "claimName": pvc, "readOnly": True}}],
                          **pod_extra},
@@ -114,27 +120,149 @@ def keda(*, name: str, namespace: str, min_replicas: int, max_replicas: int, tar
                          "threshold": str(target_depth)}}]}}
 
 
-def manifests(args) -> dict[str, dict[str, Any]]:
-    """file name -> manifest, from `tensorpilot deploy k8s` arguments."""
-    from tensorpilot.training import checkpoint as ckpt_io
+# ---------------------------------------------------------------------------- checking the inputs
+# Kubernetes validates names on apply; checking here says which rule, before anything is written.
+# Every user string reaches the YAML as a scalar through yaml.safe_dump, which quotes as needed.
 
-    ckpt = ckpt_io.find_checkpoint(args.run)
-    meta = ckpt_io.read_meta(ckpt)
-    kind = meta.get("workload", {}).get("kind", "custom")
-    model_name = meta.get("config", {}).get("model", {}).get("name", kind)
-    model_name = model_name.rsplit(":", 1)[-1] if ":" in model_name else model_name
-    name = args.name or f"tensorpilot-{model_name}".lower().replace("_", "-")
-    if args.gpus < 0:
-        raise UsageError(f"--gpus must be 0 or more, got {args.gpus}.")
+DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")        # namespaces
+DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")           # Service names
+# OCI image reference, after github.com/distribution/reference (regexp.go)
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_HOST_PART}(?:\.{_HOST_PART})*(?::[0-9]+)?"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE = re.compile(rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@{_DIGEST})?")
+PRESTOP_S = 5
+# options of `tensorpilot serve` the manifest sets itself: an override would break the probes,
+# the Service or the volume mount
+OWNED = {"run": MOUNT, "host": "0.0.0.0", "port": PORT, "weights": None}
+
+
+def _shown(value: str) -> str:
+    return repr(value) if len(value) <= 80 else repr(value[:80]) + "..."
+
+
+def check_label(value: str, what: str, rfc1035: bool = False) -> str:
+    rule = DNS_1035_LABEL if rfc1035 else DNS_1123_LABEL
+    if len(value) > 63 or not rule.fullmatch(value):
+        start = "a lowercase letter" if rfc1035 else "a lowercase letter or digit"
+        raise UsageError(f"{what} {_shown(value)} is not a valid Kubernetes name: a DNS label is at most 63 "
+                         f"lowercase letters, digits and '-', starting with {start} and ending with a "
+                         "letter or digit.")
+    return value
+
+
+def check_subdomain(value: str, what: str) -> str:
+    if len(value) > 253 or not all(DNS_1123_LABEL.fullmatch(part) and len(part) <= 63
+                                   for part in value.split(".")):
+        raise UsageError(f"{what} {_shown(value)} is not a valid Kubernetes name: a DNS subdomain is at most "
+                         "253 characters of dot-separated labels, each lowercase letters, digits and '-', "
+                         "starting and ending with a letter or digit.")
+    return value
+
+
+def check_image(image: str) -> str:
+    name = image.split("@", 1)[0]
+    head, colon, tag = name.rpartition(":")
+    if colon and "/" not in tag:
+        name = head
+    if not IMAGE.fullmatch(image) or len(name) > 255:
+        raise UsageError(f"--image {_shown(image)} is not a valid image reference: expected "
+                         "[registry[:port]/]name[:tag][@digest], e.g. registry.example.com/team/tensorpilot:1.0.")
+    return image
+
+
+def check_url(url: str) -> str:
+    parts = urlsplit(url) if url.isprintable() and " " not in url else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UsageError(f"--prometheus-url {_shown(url)} must be an http:// or https:// address without "
+                         "spaces, e.g. http://prometheus-server.monitoring.svc:80.")
+    return url
+
+
+def default_app_name(model_name: str) -> str:
+    """tensorpilot-<model> as a DNS label (the model name comes from the run, so it is cleaned)."""
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", f"tensorpilot-{model_name}".lower())
+    return re.sub(r"-+", "-", cleaned)[:63].rstrip("-")
+
+
+class _StrictParser(argparse.ArgumentParser):
+    """An ArgumentParser that raises a UsageError about --serve-args instead of exiting."""
+
+    def error(self, message: str):
+        raise UsageError(f"--serve-args is not a valid serve command line: {message}.")
+
+    def exit(self, status: int = 0, message: str | None = None):
+        raise UsageError("--serve-args asks for help; give serve options only.")
+
+    def print_help(self, file=None):
+        pass
+
+
+def parse_serve_args(text: str, fixed: list[str]) -> tuple[list[str], argparse.Namespace]:
+    """``--serve-args`` as a list, and the options the container will run with (``fixed`` first,
+    then these), checked by the serve command's own parser."""
+    from tensorpilot.serve.command import register
+
+    if not text.isprintable():
+        raise UsageError("--serve-args must be one line of printable characters (no newlines or "
+                         "control characters).")
+    try:
+        extra = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--serve-args cannot be split like a shell command line: {str(exc).lower()} "
+                         "(check the quotes).") from None
+    serve = register(_StrictParser(prog="tensorpilot").add_subparsers())["serve"]
+    ns = serve.parse_args([*fixed, *extra])
+    for dest, value in OWNED.items():
+        if getattr(ns, dest) != value:
+            raise UsageError(f"--serve-args must not set --{dest}: the manifest sets it (the run is "
+                             f"mounted at {MOUNT}, probes and the Service use port {PORT}).")
+    if ns.api_key is not None:
+        raise UsageError("--serve-args must not carry --api-key: it would be stored in plain text in the "
+                         "manifest; put it in the Secret the Deployment reads (see docs/serving.md).")
+    return extra, ns
+
+
+def _check_plain_options(args) -> None:
+    if args.name is not None:
+        check_label(args.name, "--name", rfc1035=True)         # a Service name: RFC 1035
+    check_label(args.namespace, "--namespace")
+    if args.pvc is not None:
+        check_subdomain(args.pvc, "--pvc")
+    check_image(args.image)
+    check_url(args.prometheus_url)
     if args.max_replicas < args.replicas:
         raise UsageError(f"--max-replicas ({args.max_replicas}) is below --replicas ({args.replicas}).")
+
+
+def manifests(args) -> dict[str, dict[str, Any]]:
+    """file name -> manifest, from `tensorpilot deploy k8s` arguments."""
+    from tensorpilot.serve.model import check_factory, check_name, default_model_name, describe_run, parse_shape
+    from tensorpilot.training import checkpoint as ckpt_io
+
+    _check_plain_options(args)
+    ckpt = ckpt_io.find_checkpoint(existing_path(args.run, "--run", kind="dir"))
+    kind, recorded = describe_run(ckpt_io.read_meta(ckpt), ckpt)
+    fixed = ["--run", MOUNT, "--host", "0.0.0.0", "--port", str(PORT)]
+    serve_args, ns = parse_serve_args(args.serve_args, fixed)
+    try:
+        check_factory(args.run, kind, recorded, ns.model)   # the pod would refuse the same way
+    except UsageError as exc:
+        raise UsageError(f"--serve-args: {exc}") from None
+    check_name(ns.name)
+    parse_shape(ns.input_shape)
+    model_name = ns.name or default_model_name(ns.model or kind, kind)
+    name = args.name or default_app_name(model_name)
+    grace_s = math.ceil(PRESTOP_S + ns.drain_window + ns.graceful_timeout) + 10
     common = {"name": name, "namespace": args.namespace}
     scaler = dict(common, min_replicas=args.replicas, max_replicas=args.max_replicas,
                   target_depth=args.target_queue_depth)
     out = {
         "deployment.yaml": deployment(**common, image=args.image, pvc=args.pvc or f"{name}-model",
-                                      gpus=args.gpus, replicas=args.replicas, model_name=model_name,
-                                      serve_args=shlex.split(args.serve_args)),
+                                      gpus=args.gpus, replicas=args.replicas,
+                                      container_args=["serve", *fixed, "--name", model_name, *serve_args],
+                                      grace_s=grace_s),
         "service.yaml": service(**common),
     }
     if args.autoscaler == "keda":
@@ -144,13 +272,13 @@ def manifests(args) -> dict[str, dict[str, Any]]:
     return out
 
 
-def write(args, out_dir: Path) -> list[Path]:
+def write(args) -> list[Path]:
     import yaml
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    docs = manifests(args)                                  # every check before anything is written
+    out_dir = writable_dir(args.out, "--out")
     written = []
-    for fname, doc in manifests(args).items():
-        path = out_dir / fname
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        written.append(path)
+    for fname, doc in docs.items():
+        written.append(write_atomic(out_dir / fname, yaml.safe_dump(doc, sort_keys=False),
+                                    what="manifest"))
     return written

@@ -9,7 +9,8 @@ PREFIX = "tensorpilot_serve"
 # latency buckets in seconds: 0.5 ms .. 10 s, roughly x2 apart
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 OUTCOMES = {200: "ok", 400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request",
-            413: "too_large", 422: "bad_request", 503: "overloaded", 504: "deadline_exceeded"}
+            408: "body_timeout", 413: "too_large", 422: "bad_request", 503: "overloaded",
+            504: "deadline_exceeded"}
 
 
 class Metrics:
@@ -28,7 +29,7 @@ class Metrics:
         self.batch_size = Histogram(f"{PREFIX}_batch_size", "Rows per executed batch.",
                                     buckets=[s for s in sizes if s <= max_batch_size], registry=r)
         self.queue_depth = Gauge(f"{PREFIX}_queue_depth", "Requests waiting for a batch.", registry=r)
-        self.ready = Gauge(f"{PREFIX}_ready", "1 once every batch shape is warmed up.", registry=r)
+        self.ready = Gauge(f"{PREFIX}_ready", "1 while ready: warmed up and not shutting down.", registry=r)
 
     def count(self, route: str, status: int) -> None:
         outcome = OUTCOMES.get(status, "error" if status >= 500 else "bad_request")

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 
+from tensorpilot.errors import first_line
 from tensorpilot.hardware.device import DeviceCaps
 
 TRIAL_STEPS = 2           # timed steps per candidate, after one untimed warm-up step ...
@@ -466,7 +467,7 @@ class Tuner:
                 try:
                     self._measure(cand, trial, self._steps_left(trials))
                 except Exception as exc:  # noqa: BLE001 - compile failures fall back to eager
-                    trial.note = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:150] if str(exc) else ''}"
+                    trial.note = f"failed: {type(exc).__name__}: {first_line(exc, 150)}"
                     self.t.opt.zero_grad(set_to_none=True)
                     trials.append(trial)
                     continue

@@ -8,36 +8,76 @@ Layout of ``<run-dir>/checkpoints/step_00000100/``:
 
 A checkpoint is written into ``step_*.tmp-<pid>``, every file fsync'd, then the directory is
 renamed into place and its parent fsync'd. A crash at any point leaves either the complete new
-checkpoint or none, and never touches the previous one. The newest complete ``step_*``
-directory is the one to resume; half-written ``*.tmp-*`` directories are ignored and cleaned.
+checkpoint or none, and never touches the previous one. A directory of the same step that is
+already there (an earlier run's) is *replaced*, atomically where the OS can exchange two names
+(Linux renameat2 RENAME_EXCHANGE): a finished save always holds this run's weights. The newest
+complete ``step_*`` directory (one with meta.json, which is written last) is the one to resume;
+half-written ``*.tmp-*`` and replaced ``*.old-*`` directories are ignored and cleaned.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from tensorpilot.errors import CheckpointError
+from tensorpilot.errors import CheckpointError, first_line
+from tensorpilot.files import fsync_path, os_reason
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 FILES = ("model.safetensors", "state.pt")
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directory entries in one atomic step (Linux >= 3.15, glibc >= 2.28); False
+    where the OS or the file system cannot (then the caller falls back to two renames)."""
+    import ctypes
+
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2                     # <fcntl.h>, <linux/fs.h>
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
-def _sha256(path: Path) -> str:
+def publish(tmp: Path, final: Path) -> None:
+    """Put the complete directory ``tmp`` at ``final``, replacing what is there. Readers see the
+    old directory or the new one under ``final``, never a mix and never nothing (where the OS
+    exchanges names; elsewhere a crash between the two renames leaves the previous step as the
+    newest complete checkpoint)."""
+    root = final.parent
+    if final.exists():
+        if _exchange(tmp, final):                           # ``tmp`` now holds the old directory
+            fsync_path(root)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        aside = final.with_name(f"{final.name}.old-{os.getpid()}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(final, aside)
+        os.rename(tmp, final)
+        fsync_path(root)
+        shutil.rmtree(aside, ignore_errors=True)
+        return
+    os.rename(tmp, final)
+    fsync_path(root)
+
+
+def remove_stale(root: Path) -> None:
+    """Half-written (``*.tmp-*``) and replaced (``*.old-*``) directories left by a crash."""
+    for pattern in ("step_*.tmp-*", "step_*.old-*"):
+        for stale in root.glob(pattern):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -46,21 +86,35 @@ def _sha256(path: Path) -> str:
 
 
 def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root`` (a checkpoints/ directory), oldest first."""
+    """Complete checkpoints under ``root`` (a checkpoints/ directory), oldest first. A
+    checkpoint is complete when its meta.json exists: it is the last file a save writes."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := STEP_DIR.match(p.name)) and (p / "meta.json").is_file()]
     return [p for _, p in sorted(found)]
 
 
+def step_of(ckpt: Path) -> int | None:
+    """The step a checkpoint directory's name gives (``step_00000020`` -> 20), else None."""
+    m = STEP_DIR.match(ckpt.name)
+    return int(m.group(1)) if m else None
+
+
 def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from a run directory (its newest) or a checkpoint directory."""
+    """A checkpoint directory from a run directory (its newest complete one) or a checkpoint
+    directory."""
     p = Path(path).expanduser()
-    if not p.exists():
-        raise CheckpointError(f"run or checkpoint directory {str(path)!r} does not exist.")
-    if (p / "meta.json").exists() or STEP_DIR.match(p.name):
-        return p
-    ckpts = list_checkpoints(p / "checkpoints")
+    try:
+        if not p.exists():
+            raise CheckpointError(f"run or checkpoint directory {str(path)!r} does not exist.")
+        if not p.is_dir():
+            raise CheckpointError(f"{str(path)!r} is a file, not a run or checkpoint directory.")
+        if (p / "meta.json").exists() or STEP_DIR.match(p.name):
+            return p
+        ckpts = list_checkpoints(p / "checkpoints")
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {str(path)!r}: {os_reason(exc)}.") from None
     if not ckpts:
         raise CheckpointError(f"{str(path)!r} holds no complete checkpoint (checkpoints/step_N with meta.json).")
     return ckpts[-1]
@@ -73,28 +127,24 @@ def save(root: Path, step: int, model, state: dict[str, Any], meta: dict[str, An
 
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
-    if final.exists():
-        return final                                  # this exact step is already on disk
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         save_model(model, str(tmp / "model.safetensors"))
         torch.save(state, tmp / "state.pt")
-        meta = dict(meta, step=step, sha256={f: _sha256(tmp / f) for f in FILES})
+        meta = dict(meta, step=step, sha256={f: sha256_file(tmp / f) for f in FILES})
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         for f in (*FILES, "meta.json"):
-            _fsync_path(tmp / f)
-        _fsync_path(tmp)
-        os.rename(tmp, final)
-        _fsync_path(root)
+            fsync_path(tmp / f)
+        fsync_path(tmp)
+        publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob("step_*.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    remove_stale(root)
     return final
 
 
@@ -125,7 +175,7 @@ def verify(ckpt: Path, meta: dict[str, Any]) -> None:
         expected = (meta.get("sha256") or {}).get(f)
         if not expected:
             raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: meta.json has no checksum for {f}.")
-        if _sha256(path) != expected:
+        if sha256_file(path) != expected:
             raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: {f} does not match its checksum.")
 
 
@@ -136,8 +186,52 @@ def load_weights(ckpt: Path, model) -> None:
     try:
         load_model(model, str(ckpt / "model.safetensors"), strict=True)
     except Exception as exc:  # safetensors raises several types for truncated/mismatched files
+        # load_state_dict's message starts "Error(s) in loading state_dict for X:" and lists the
+        # keys on the following lines: one line of it, with the first details
+        detail = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:300]
         raise CheckpointError(f"checkpoint {str(ckpt)!r} does not fit this model: "
-                              f"{str(exc).splitlines()[0][:300]}.") from None
+                              f"{detail or type(exc).__name__}.") from None
+
+
+def weight_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from model.safetensors' header (nothing else is read)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(ckpt / "model.safetensors"), framework="pt") as fh:
+            return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is incomplete: model.safetensors is missing.") from None
+    except Exception as exc:  # safetensors raises its own error types for a damaged header
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: model.safetensors has no valid "
+                              f"header ({first_line(exc)}).") from None
+
+
+def build_checked(ckpt: Path, build: Callable[[], Any]):
+    """``build()`` -> the model, built for real only once its shapes match the weights file.
+
+    A run directory is data, possibly someone else's: the sizes its meta.json records must not
+    decide how much memory is allocated. ``build`` runs first on the meta device (no memory),
+    every tensor's name and shape is compared with model.safetensors' header, and only then is
+    the model built again with real storage (about the size of the weights file)."""
+    import torch
+
+    with torch.device("meta"):
+        shadow = build()
+    expected = weight_shapes(ckpt)
+    own = {k: tuple(v.shape) for k, v in shadow.state_dict().items()}
+    wrong = sorted(k for k, shape in expected.items() if own.get(k) != shape)
+    # tied tensors are stored once: every stored name must exist, and the sizes must add up
+    unique = sum(p.numel() for p in shadow.parameters()) + sum(
+        b.numel() for name, b in shadow.named_buffers() if name in own)
+    if wrong or unique != sum(math.prod(s) for s in expected.values()):
+        what = (f"{wrong[0]} is {list(expected[wrong[0]])} in the file but "
+                f"{list(own[wrong[0]]) if wrong[0] in own else 'absent'} in the model") if wrong else \
+               "the model and the weights file hold different numbers of values"
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} does not fit the model its meta.json "
+                              f"describes: {what}.")
+    del shadow
+    return build()
 
 
 def load(ckpt: Path, model) -> Loaded:
@@ -147,9 +241,26 @@ def load(ckpt: Path, model) -> Loaded:
     meta = read_meta(ckpt)
     verify(ckpt, meta)
     load_weights(ckpt, model)
+    return Loaded(ckpt, meta, load_state(ckpt))
+
+
+def load_state(ckpt: Path) -> dict[str, Any]:
+    """state.pt, read with ``weights_only=True``: tensors, numbers, strings and containers only.
+    A file holding anything else is refused; torch's own advice to retry with
+    ``weights_only=False`` (which would run code from the file) is not passed on."""
+    import pickle
+
+    import torch
+
     try:
         state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is refused: state.pt holds Python objects "
+                              "other than tensors, numbers, strings and containers, and tensorpilot "
+                              "never unpickles those.") from None
     except Exception as exc:
         raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: cannot read state.pt "
-                              f"({str(exc).splitlines()[0][:200]}).") from None
-    return Loaded(ckpt, meta, state)
+                              f"({first_line(exc)}).") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: state.pt does not hold a dictionary.")
+    return state

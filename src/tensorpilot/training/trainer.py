@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import shlex
 import signal
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from rich.table import Table
 
 from tensorpilot import __version__
 from tensorpilot.config import RunConfig, to_toml
-from tensorpilot.errors import TensorpilotError, ConfigError, TrainingAborted
+from tensorpilot.errors import ConfigError, TensorpilotError, TrainingAborted, first_line
 from tensorpilot.hardware.device import detect, resolve_device
 from tensorpilot.observe import memory as mem
 from tensorpilot.observe.flops import train_step_flops
@@ -34,23 +35,14 @@ from tensorpilot.observe.logger import MetricsLogger
 from tensorpilot.hardware.peak import device_peak, mfu
 from tensorpilot.observe.progress import TrainProgress
 from tensorpilot.parallel import dcp
-from tensorpilot.parallel.mesh import DistributedError, first_line, is_comm_failure
+from tensorpilot.parallel.mesh import DistributedError, is_comm_failure
 from tensorpilot.parallel.runtime import Parallel
 from tensorpilot.training import checkpoint as ckpt_io
-from tensorpilot.training import engine, loader, optim, precision
+from tensorpilot.files import writable_dir, write_atomic
+from tensorpilot.training import engine, fits, loader, optim, precision, rundir
 from tensorpilot.workloads.base import Workload
 
 LN2 = math.log(2.0)
-
-
-def new_run_dir(cfg: RunConfig) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = cfg.model.name.split(":")[-1]
-    base = Path("runs") / f"{stamp}-{name}-{cfg.model.size}"
-    path, n = base, 1
-    while path.exists():
-        path, n = Path(f"{base}-{n}"), n + 1
-    return path
 
 
 def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> None:
@@ -98,17 +90,17 @@ class Trainer:
         self.caps = detect(str(self.device))
         self.choice = precision.choose(cfg.engine.precision, self.caps)
 
-        resume_from = None
-        if self.par.restarted_from(cfg.run_dir) and not cfg.resume:
-            cfg.resume = "latest"                       # torchrun restarted the group after a failure
-        if cfg.resume:
-            target = cfg.resume if cfg.resume != "latest" else cfg.run_dir
-            if not target:
-                raise ConfigError("--resume without a path needs --run-dir to say which run to continue.")
-            resume_from = ckpt_io.find_checkpoint(target)
-            check_compatible(ckpt_io.read_meta(resume_from).get("config", {}), cfg)
-        self.run_dir = Path(self.par.same_everywhere(str(cfg.run_dir) if cfg.run_dir else str(
-            resume_from.parent.parent if resume_from else new_run_dir(cfg))))
+        # torchrun restarted the group after a failure: continue from this run's newest checkpoint
+        resume = "latest" if self.par.restarted_from(cfg.run_dir) else cfg.resume
+        run_dir, resume_from = rundir.resolve(cfg.run_dir, resume, cfg.model.name, cfg.model.size)
+        if resume_from is not None:
+            saved = ckpt_io.read_meta(resume_from)
+            check_compatible(saved.get("config", {}), cfg)
+            if isinstance(saved.get("step"), int) and saved["step"] >= cfg.train.steps:
+                raise ConfigError(f"the checkpoint is already at step {saved['step']}: ask for more "
+                                  f"with --steps (now {cfg.train.steps}), e.g. --steps {2 * saved['step']}.")
+        # a run directory named after the clock: rank 0's name everywhere; checked before any work
+        self.run_dir = writable_dir(self.par.same_everywhere(str(run_dir)), "run directory")
 
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
@@ -121,7 +113,10 @@ class Trainer:
         if self._workload is None:
             from tensorpilot.workloads import registry
 
-            self._workload = registry.build(cfg.model, cfg.data, cfg.train.seed)
+            self._workload = registry.build(cfg.model, cfg.data, cfg.train.seed, self._fits)
+        else:
+            wl = self._workload
+            self._fits(lambda: wl.model, wl.train_data, wl.meta, wl.loss_fn)
         self.workload = wl = self._workload
         self.model = wl.model.to(self.device)
         self.attention = engine.choose_attention(self.model, self.device.type)
@@ -174,10 +169,14 @@ class Trainer:
 
         self.rebuild_batches()
 
+        # the run starts for real: what an earlier run left here that contradicts it goes aside
+        moved = rundir.prepare(self.run_dir, resume_from) if self.par.is_main else None
+        self.par.barrier()                              # nobody writes the run directory mid-move
         if self.par.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.toml").write_text(to_toml(cfg))
-        self.metrics = MetricsLogger(self.run_dir, cfg.logging.tensorboard) if self.par.is_main else NullLogger()
+            write_atomic(self.run_dir / "config.toml", to_toml(cfg), "configuration")
+        # a resumed run's TensorBoard hides what an abandoned run logged after the resumed step
+        self.metrics = (MetricsLogger(self.run_dir, cfg.logging.tensorboard, purge_step=self.step + 1 if self.step else None)
+                        if self.par.is_main else NullLogger())
         self.setup_s = time.perf_counter() - t_setup
 
         say(f"[bold]tensorpilot[/] {wl.kind} ({self.n_params / 1e6:.2f}M parameters) on "
@@ -195,7 +194,22 @@ class Trainer:
         if self.par.active:
             say(f"  parallel:  {escape(self.par.describe())}")
         if resume_from is not None:
-            say(f"  resumed:   {resume_from} (step {self.step})")
+            say(f"  resumed:   {escape(str(resume_from))} (step {self.step})")
+        if moved:
+            say(f"  run dir:   {escape(moved)}")
+
+    def _fits(self, build, train_data, meta: dict, loss_fn=None):
+        """``registry.Fits``: one sentence when the run cannot fit in this device's memory,
+        before the model is allocated (built-in models) or trained (a user's model)."""
+        if not self.cfg.train.memory_check:
+            return build()
+        lay = self.par.layout
+        return fits.guard(
+            build, train_data, meta, loss_fn, device=self.device, batch_size=self.cfg.data.batch_size,
+            seed=self.cfg.train.seed, half_precision=self.choice.autocast is not None,
+            # ranks of one machine share its host memory; GPUs are one per process
+            share=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.device.type == "cpu" else 1,
+            states_split=lay.tp * lay.pp * (lay.dp if lay.sharding == "fsdp" else 1), activations_split=lay.tp)
 
     def rebuild_batches(self) -> None:
         """(Re)start the device-prefetched loader at ``samples_seen`` with the current micro-batch
@@ -292,7 +306,7 @@ class Trainer:
         try:
             result = self._update(batches)
         except Exception as exc:                        # noqa: BLE001 - any compile failure
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            first = first_line(exc)
             self.console.print(f"[yellow]torch.compile failed ({type(exc).__name__}: {first}); "
                                "continuing in eager mode.[/]")
             self.opt.zero_grad(set_to_none=True)
@@ -304,13 +318,49 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
-        if not hasattr(self, "model"):
-            self.setup()
+        """Train to ``train.steps`` and return the summary. Whatever happens -- a stop signal,
+        a user error, a bug -- the signal handlers, the progress display, the metrics files and
+        the process group are released on the way out."""
+        previous, progress = None, None
+        try:
+            if not hasattr(self, "model"):
+                self.setup()
+            previous = self._install_signal_handlers()
+            progress = TrainProgress(self.console, self.cfg.train.steps, self.step,
+                                     self.cfg.logging.progress if self.par.is_main else "off",
+                                     self.cfg.train.log_interval)
+            summary = self._loop(progress)
+        except RuntimeError as exc:
+            raise self._explain(exc) from None
+        finally:
+            if progress is not None:
+                progress.close()
+            self._restore_signal_handlers(previous)
+            if hasattr(self, "metrics"):
+                self.metrics.close()
+            if hasattr(self, "par"):
+                self.par.close()
+        self.print_summary(summary)
+        return summary
+
+    def _explain(self, exc: RuntimeError) -> BaseException:
+        """A RuntimeError a user can cause, as one sentence; anything else unchanged (a bug)."""
+        if not hasattr(self, "device"):                 # setup did not get that far
+            return exc
+        if self.par.active and is_comm_failure(exc):
+            return DistributedError(f"rank {self.par.ctx.rank} lost its peers at step {self.step} "
+                                    f"({first_line(exc)}): another process crashed or the network "
+                                    "failed; rerun with --max-restarts to recover from checkpoints.")
+        if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc) \
+                or "not enough memory" in str(exc):
+            return TrainingAborted(f"ran out of {self.device.type} memory at step {getattr(self, 'step', 0)} "
+                                   f"({first_line(exc, 160)}); use a smaller --batch-size or model, "
+                                   f"or --engine.activation_checkpointing. {self._last_good_note()}")
+        return exc
+
+    def _loop(self, progress: TrainProgress) -> dict[str, Any]:
         cfg = self.cfg
         t_fit = time.perf_counter()
-        previous = self._install_signal_handlers()
-        progress = TrainProgress(self.console, cfg.train.steps, self.step,
-                                 cfg.logging.progress if self.par.is_main else "off", cfg.train.log_interval)
         first_step, timed_s, timed_steps = self.step, 0.0, 0
         window: list[float] = []
         bad_streak, skipped = 0, 0
@@ -322,64 +372,59 @@ class Trainer:
         if cfg.engine.optimize == "auto" and self.step < cfg.train.steps:
             self._autotune()
             first_step = self.step                      # trials are steps; the loop's first is warm-up
-        try:
-            while self.step < cfg.train.steps:
-                t0 = time.perf_counter()
-                loss, gnorm, applied = self.train_step()
-                dt = time.perf_counter() - t0
-                self.step += 1
-                self.samples_seen += samples_per_step
-                if self.step > first_step + 1:          # the first step pays for warm-up/compile
-                    timed_s, timed_steps = timed_s + dt, timed_steps + 1
-                    self._maybe_compile(dt)
-                bad_streak = 0 if applied else bad_streak + 1
-                skipped += not applied
-                if bad_streak >= cfg.train.max_bad_steps:
-                    raise TrainingAborted(
-                        f"stopped at step {self.step}: the loss or gradients were not finite for "
-                        f"{bad_streak} consecutive steps (each was skipped); lower --optim.lr or use "
-                        f"--precision bf16/fp32. {self._last_good_note()}")
-                if applied:
-                    window.append(loss)
-                    last_loss = loss
-                rate = samples_per_step / dt
-                if self.step % cfg.train.log_interval == 0 or self.step == cfg.train.steps:
-                    self.metrics.log(self.step, "train", {
-                        "loss": sum(window) / len(window) if window else float("nan"),
-                        "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm, "step_s": dt,
-                        "samples_per_s": rate, **self._tokens(rate), "skipped_steps": skipped})
-                    window = []
-                if self.step % cfg.train.eval_interval == 0 or self.step == cfg.train.steps:
-                    last_val = self.evaluate()
-                    self.metrics.log(self.step, "val", {"loss": last_val, **self._bpb(last_val)})
-                if bad_streak == 0:                     # never checkpoint a non-finite state
-                    self._maybe_save()
-                tok = self._tokens(rate).get("tokens_per_s")
-                progress.update(self.step, f"loss {last_loss:.3f}  "
-                                + (f"{tok:,.0f} tok/s" if tok else f"{rate:,.1f} samples/s"))
-                if self._stop_signal is not None:
-                    self._save(force=True)
-                    name = signal.Signals(self._stop_signal).name
-                    summary = self._summary(t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped)
-                    summary["interrupted"] = name
-                    self._write_summary(summary)
-                    raise TrainingAborted(
-                        f"interrupted by {name} at step {self.step}; checkpoint saved, continue with "
-                        f"`tensorpilot train --resume {self.run_dir}`.", exit_code=130)
-        except RuntimeError as exc:
-            if self.par.active and is_comm_failure(exc):
-                raise DistributedError(f"rank {self.par.ctx.rank} lost its peers at step {self.step} "
-                                       f"({first_line(exc)}): another process crashed or the network "
-                                       "failed; rerun with --max-restarts to recover from checkpoints.") from None
-            raise
-        finally:
-            progress.close()
-            self._restore_signal_handlers(previous)
-            self.metrics.close()
+        while self.step < cfg.train.steps:
+            t0 = time.perf_counter()
+            loss, gnorm, applied = self.train_step()
+            dt = time.perf_counter() - t0
+            self.step += 1
+            self.samples_seen += samples_per_step
+            if self.step > first_step + 1:              # the first step pays for warm-up/compile
+                timed_s, timed_steps = timed_s + dt, timed_steps + 1
+                self._maybe_compile(dt)
+            bad_streak = 0 if applied else bad_streak + 1
+            skipped += not applied
+            if bad_streak >= cfg.train.max_bad_steps:
+                raise TrainingAborted(
+                    f"stopped at step {self.step}: the loss or gradients were not finite for "
+                    f"{bad_streak} consecutive steps (each was skipped); lower --optim.lr or use "
+                    f"--precision bf16/fp32. {self._last_good_note()}")
+            if applied:
+                window.append(loss)
+                last_loss = loss
+            rate = samples_per_step / dt
+            if self.step % cfg.train.log_interval == 0 or self.step == cfg.train.steps:
+                self.metrics.log(self.step, "train", {
+                    "loss": sum(window) / len(window) if window else float("nan"),
+                    "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm, "step_s": dt,
+                    "samples_per_s": rate, **self._tokens(rate), "skipped_steps": skipped})
+                window = []
+            if self.step % cfg.train.eval_interval == 0 or self.step == cfg.train.steps:
+                last_val = self.evaluate()
+                self.metrics.log(self.step, "val", {"loss": last_val, **self._bpb(last_val)})
+            if bad_streak == 0:                         # never checkpoint a non-finite state
+                self._maybe_save()
+            tok = self._tokens(rate).get("tokens_per_s")
+            progress.update(self.step, f"loss {last_loss:.3f}  "
+                            + (f"{tok:,.0f} tok/s" if tok else f"{rate:,.1f} samples/s"))
+            stop = self._agreed_stop()
+            if stop:                                    # every rank stops here, at the same step
+                self._save(force=True)
+                name = signal.Signals(stop).name
+                summary = self._summary(t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped)
+                summary["interrupted"] = name
+                self._write_summary(summary)
+                raise TrainingAborted(
+                    f"interrupted by {name} at step {self.step}; checkpoint saved, continue with "
+                    f"`tensorpilot train --resume {shlex.quote(str(self.run_dir))}`.", exit_code=130)
         summary = self._summary(t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped)
         self._write_summary(summary)
-        self.print_summary(summary)
         return summary
+
+    def _agreed_stop(self) -> int:
+        """The stop signal any rank has seen (0: none), the same on every rank: a signal that
+        reaches one process stops the whole group at this step boundary, and the collective
+        checkpoint save that follows finds every rank in it (one tiny all-reduce per step)."""
+        return self.par.agree_max(self._stop_signal or 0)
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -430,6 +475,9 @@ class Trainer:
     def _save(self, force: bool = False) -> Path | None:
         if not (self.cfg.checkpoint.enabled or force):
             return None
+        if getattr(self, "_saved_step", None) == self.step:   # e.g. a stop right after an interval save
+            return self.last_checkpoint
+        self._saved_step = self.step
         if self.par.active:                             # every rank writes its shards
             self.last_checkpoint = dcp.save(self.run_dir / "checkpoints", self.step, self.model, self.opt,
                                             self._state(optimizer=False), self._meta(),
@@ -444,10 +492,31 @@ class Trainer:
             self._save()
 
     def _last_good_note(self) -> str:
+        if not hasattr(self, "run_dir"):
+            return "No checkpoint was written."
         ckpts = ckpt_io.list_checkpoints(self.run_dir / "checkpoints")
         return f"The last good checkpoint is {ckpts[-1]}." if ckpts else "No checkpoint was written."
 
     def _restore(self, path: Path) -> None:
+        configured = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+        self._restore_state(path)
+        self._apply_configured(configured)
+
+    def _apply_configured(self, configured: list[dict[str, Any]]) -> None:
+        """A resumed run's configuration is the checkpoint's, overridden by the command line: the
+        optimizer's hyperparameters (betas, weight decay, implementation) and the schedule's peak
+        rate follow this run's configuration, not the saved state, which would silently keep
+        the old ones (with nothing overridden they are the same values)."""
+        for group, conf in zip(self.opt.param_groups, configured):
+            group.update({k: v for k, v in conf.items() if k not in ("lr", "initial_lr")})
+        self.sched.base_lrs = [conf["initial_lr"] for conf in configured]
+        # the rate of the current step, as LambdaLR.get_lr computes it
+        rates = [base * lam(self.sched.last_epoch) for base, lam in zip(self.sched.base_lrs, self.sched.lr_lambdas)]
+        for group, rate in zip(self.opt.param_groups, rates):
+            group["lr"] = rate
+        self.sched._last_lr = rates
+
+    def _restore_state(self, path: Path) -> None:
         if dcp.is_dcp(ckpt_io.read_meta(path)):         # written by a distributed run
             st = dcp.load(path, self.model, self.opt)
         elif self.par.active:                           # a one-process checkpoint, resharded
@@ -481,10 +550,13 @@ class Trainer:
 
         def handler(signum, frame):
             if self._stop_signal is not None:
+                if self.par.active:                 # torchrun forwards the launcher's signal too:
+                    return                          # the save under way must not be cut short
                 raise KeyboardInterrupt              # a second Ctrl-C stops at once
             self._stop_signal = signum
+            again = "" if self.par.active else " (again to stop at once)"
             self.console.print(f"\n[yellow]{signal.Signals(signum).name} received: finishing this step, "
-                               "saving a checkpoint, then stopping (again to stop at once).[/]")
+                               f"saving a checkpoint, then stopping{again}.[/]")
 
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for s in previous:
@@ -578,9 +650,7 @@ class Trainer:
     def _write_summary(self, summary: dict[str, Any]) -> None:
         if not self.par.is_main:
             return
-        tmp = self.run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=1))
-        tmp.replace(self.run_dir / "summary.json")
+        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=1), "summary")
 
     def print_summary(self, s: dict[str, Any]) -> None:
         t = Table(title="tensorpilot train: summary", show_header=False, title_justify="left")

@@ -20,7 +20,9 @@ class Workload:
     meta: dict[str, Any] = field(default_factory=dict)  # facts for summary/generate (e.g. vocab)
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if self.loss_fn is not None:
-            return self.loss_fn(output, target)
-        # classification / next-token: (..., C) logits vs (...) class indices
-        return nn.functional.cross_entropy(output.flatten(0, -2).float(), target.flatten())
+        return (self.loss_fn or cross_entropy)(output, target)
+
+
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The default loss. Classification / next-token: (..., C) logits vs (...) class indices."""
+    return nn.functional.cross_entropy(output.flatten(0, -2).float(), target.flatten())

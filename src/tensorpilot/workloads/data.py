@@ -8,6 +8,7 @@ are bit-identical to an uninterrupted run. ``__getitems__`` builds a whole micro
 
 from __future__ import annotations
 
+import math
 import sysconfig
 import zlib
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tensorpilot.errors import ConfigError
+from tensorpilot.errors import ConfigError, first_line
 
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -130,8 +131,16 @@ class SyntheticClasses(torch.utils.data.Dataset):
     Learnable (the loss falls) yet never exhausted; sample i depends only on (seed, i).
     """
 
+    MAX_PROTOTYPE_BYTES = 4 * 2**30     # the class prototypes live in memory: a sane bound
+
     def __init__(self, input_shape: list[int], num_classes: int, seed: int, length: int,
                  signal: float = 0.5):
+        size = num_classes * math.prod(input_shape) * 4
+        if size > self.MAX_PROTOTYPE_BYTES:
+            raise ConfigError(f"synthetic data of {num_classes:,} classes of shape {list(input_shape)} "
+                              f"needs {size / 2**30:,.1f} GiB of class prototypes (at most "
+                              f"{self.MAX_PROTOTYPE_BYTES / 2**30:g} GiB); use fewer --data.num_classes or a "
+                              "smaller --data.input_shape.")
         g = torch.Generator().manual_seed(seed)
         if len(input_shape) == 3:
             # images: smooth class patterns (4x4 noise upsampled), which convolutions and pooling
@@ -238,20 +247,49 @@ def load_tensors(path: str, targets_path: str | None) -> tuple[torch.Tensor, tor
             if not targets_path:
                 raise ConfigError(f"{path!r} holds inputs only: give the targets with --data.targets_path.")
             inputs = torch.from_numpy(np.load(p, allow_pickle=False))
-            targets = torch.from_numpy(np.load(Path(targets_path).expanduser(), allow_pickle=False))
+            try:
+                targets = torch.from_numpy(np.load(Path(targets_path).expanduser(), allow_pickle=False))
+            except Exception as exc:            # name the targets file, not the inputs file
+                raise ConfigError(f"cannot read targets file {targets_path!r}: {first_line(exc)}.") from None
         else:
             raise ConfigError(f"unsupported data file {path!r}: use .pt, .npz or .npy.")
     except ConfigError:
         raise
     except Exception as exc:  # corrupt/unreadable file: say which, without a traceback
         raise ConfigError(f"cannot read data file {path!r}: {exc}".rstrip(".") + ".") from None
-    inputs, targets = torch.as_tensor(inputs), torch.as_tensor(targets)
+    try:
+        inputs, targets = torch.as_tensor(inputs), torch.as_tensor(targets)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"{path!r} must hold numeric arrays: {first_line(exc)}.") from None
+    check_classification(inputs, targets, path)
+    return inputs.float(), targets.long()
+
+
+MAX_CLASSES = 2**24   # 16.8M: ~800x ImageNet-21k's classes, ~60x the largest LM vocabularies
+
+
+def check_classification(inputs: torch.Tensor, targets: torch.Tensor, path: str) -> None:
+    """Inputs with one row per sample and targets of class indices 0..C-1, or a ConfigError."""
+    if inputs.dim() == 0 or targets.dim() == 0:
+        raise ConfigError(f"{path!r} holds a single value (a 0-d array), not one row per sample.")
+    if inputs.dim() < 2:
+        raise ConfigError(f"inputs of {path!r} have shape {tuple(inputs.shape)}: one sample per row "
+                          f"needs at least 2 dimensions, (samples, features...); for one feature "
+                          f"per sample save them as shape ({inputs.shape[0]}, 1).")
     if inputs.shape[0] != targets.shape[0] or inputs.shape[0] < 2:
         raise ConfigError(f"inputs ({tuple(inputs.shape)}) and targets ({tuple(targets.shape)}) must "
                           "have the same number of samples, at least 2.")
-    if targets.dtype.is_floating_point or targets.dim() != 1:
+    if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool \
+            or targets.dim() != 1:
         raise ConfigError("targets must be a 1-D tensor of integer class indices.")
-    return inputs.float(), targets.long()
+    if inputs.dtype.is_complex:
+        raise ConfigError(f"inputs of {path!r} are complex numbers; give real-valued inputs.")
+    low, high = int(targets.min()), int(targets.max())
+    if low < 0:
+        raise ConfigError(f"targets of {path!r} hold the class index {low}: class indices start at 0.")
+    if high >= MAX_CLASSES:
+        raise ConfigError(f"targets of {path!r} hold the class index {high}: class indices must be "
+                          f"0..C-1 with C below {MAX_CLASSES:,} classes.")
 
 
 def split_tensors(inputs: torch.Tensor, targets: torch.Tensor, val_fraction: float, seed: int):

@@ -8,8 +8,10 @@ Model code never imports torch.distributed; parallelism is applied from outside.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,6 +27,41 @@ class GPTConfig:
     d_model: int = 128
     dropout: float = 0.0
     tie_head: bool = True
+
+
+MAX_META_SIZE = 2**31 - 1     # any size a meta.json may record; products of two stay in int64
+
+
+def gpt_config_from_meta(shape: Any, where: Any) -> GPTConfig:
+    """The GPTConfig a checkpoint's ``meta.json`` records (``workload.gpt``), checked field by
+    field: meta.json is data, and a wrong type or an unknown key is a CheckpointError naming it,
+    not a TypeError. Whether the sizes match the weights file is ``checkpoint.build_checked``'s
+    question, asked before anything is allocated."""
+    from tensorpilot.errors import CheckpointError
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {str(where)!r} has a malformed meta.json: {what}.")
+
+    fields = {f.name: f.type for f in dataclasses.fields(GPTConfig)}   # annotations as text
+    if not isinstance(shape, dict):
+        raise bad(f"workload.gpt must be an object, got {shape!r:.60}")
+    unknown = sorted(set(shape) - set(fields))
+    if unknown:
+        raise bad(f"workload.gpt has an unknown field {unknown[0]!r:.60} (known: {', '.join(fields)})")
+    for key, value in shape.items():
+        name = f"workload.gpt.{key}"
+        if fields[key] == "bool" and not isinstance(value, bool):
+            raise bad(f"{name} must be true or false, got {value!r:.60}")
+        if fields[key] == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                       or not 0 <= value < 1):
+            raise bad(f"{name} must be a number in [0, 1), got {value!r:.60}")
+        if fields[key] == "int" and (isinstance(value, bool) or not isinstance(value, int)
+                                     or not 1 <= value <= MAX_META_SIZE):
+            raise bad(f"{name} must be a positive integer up to {MAX_META_SIZE}, got {value!r:.60}")
+    cfg = GPTConfig(**shape)
+    if cfg.d_model % cfg.n_head:
+        raise bad(f"workload.gpt.d_model ({cfg.d_model}) must be divisible by n_head ({cfg.n_head})")
+    return cfg
 
 
 # Byte-level presets. "small" is the 6-layer, 384-wide reference of the benchmarks; "large" is
