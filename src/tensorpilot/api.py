@@ -76,6 +76,7 @@ def generate(run: str | Path, prompt: str = "", max_new_tokens: int = 200, tempe
     if not isinstance(workload, dict) or not workload.get("gpt"):
         raise CheckpointError(f"{str(run)!r} is not a gpt run: generate samples from gpt checkpoints only.")
     gcfg = gpt_config_from_meta(workload["gpt"], ckpt)
+    ckpt_io.require_one_process(str(run), ckpt, meta, "generate")
     ckpt_io.verify(ckpt, meta)
     # meta.json's sizes are data: the model is allocated only once they match the weights file
     model = ckpt_io.build_checked(ckpt, lambda: GPT(gcfg))

@@ -11,7 +11,7 @@ import typing
 from typing import Any
 
 from tensorpilot import __version__, argtypes
-from tensorpilot.errors import CheckpointError, ConfigError, TensorpilotError
+from tensorpilot.errors import CheckpointError, ConfigError, TensorpilotError, exit_at_once
 
 MAX_GENERATE_TOKENS = 1_000_000      # one forward pass per byte: more would run for hours
 
@@ -168,7 +168,7 @@ def cmd_hw(args: argparse.Namespace) -> int:
     from tensorpilot.hardware import report
 
     console = Console(highlight=False)
-    if args.gpu:
+    if args.gpu is not None:
         entry = report.catalog_entry(args.gpu)
         print(json.dumps(entry, indent=1, default=list)) if args.json else report.print_entry(console, entry)
         return 0
@@ -240,11 +240,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stop_signals(command: str) -> None:
+    """Until a command installs its own handlers (train saves a checkpoint, serve drains), a
+    stop signal ends it with one sentence and exit 130 instead of the interpreter's silent death
+    (SIGTERM, SIGHUP)."""
+    import signal
+
+    def stop(signum, frame):
+        exit_at_once(command, f"interrupted by {signal.Signals(signum).name}.")
+
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name) and signal.getsignal(getattr(signal, name)) is signal.SIG_DFL:
+            signal.signal(getattr(signal, name), stop)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import threading
+
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # report against the subcommand's usage, not the top-level one
         parser._subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if threading.current_thread() is threading.main_thread():
+        _stop_signals(args.command)
     try:
         return args.func(args)
     except TensorpilotError as exc:

@@ -41,6 +41,9 @@ MAX_PROCESSES = 4096              # processes per node, and tp / pp degrees
 MAX_TIMEOUT_S = 7 * 86400.0       # a week; timedelta and the backends' millisecond counters overflow far above
 MAX_BUCKET_MB = 65536.0           # DDP's bucket size is a C++ int64 of bytes
 MAX_SEED = 2**63 - 1              # torch.manual_seed takes a 64-bit integer
+MAX_EVAL_BATCHES = 1_000_000      # per evaluation; more would outlast any training run
+MAX_GRAD_ACCUM = 65_536           # micro-batches per step (published runs use up to a few hundred)
+MAX_DIM = 2**24                   # widths and lengths; the planner's bound (plan/limits.py)
 
 BUILTIN_MODELS = ("gpt", "mlp", "cnn")
 
@@ -72,8 +75,12 @@ class ModelConfig:
                 f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head}).")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}.")
-        if any(w <= 0 for w in self.hidden + self.channels):
-            raise ConfigError("model.hidden and model.channels must hold positive integers.")
+        for key in ("n_layer", "n_head", "d_model", "seq_len"):
+            value = getattr(self, key)
+            if value is not None and value > MAX_DIM:
+                raise ConfigError(f"model.{key} must be at most {MAX_DIM:,}, got {value:,}.")
+        if any(not 0 < w <= MAX_DIM for w in self.hidden + self.channels):
+            raise ConfigError(f"model.hidden and model.channels must hold integers from 1 to {MAX_DIM:,}.")
         if self.name not in BUILTIN_MODELS and ":" not in self.name:
             raise ConfigError(
                 f"unknown model {self.name!r}: use gpt, mlp, cnn or package.module:factory.")
@@ -106,8 +113,8 @@ class DataConfig:
         if self.max_bytes <= 0 or self.synthetic_samples <= 0 or self.num_classes < 2:
             raise ConfigError("data.max_bytes and data.synthetic_samples must be positive and "
                               "data.num_classes at least 2.")
-        if any(d <= 0 for d in self.input_shape):
-            raise ConfigError("data.input_shape must hold positive integers.")
+        if any(not 0 < d <= MAX_DIM for d in self.input_shape):
+            raise ConfigError(f"data.input_shape must hold integers from 1 to {MAX_DIM:,}.")
         for key in ("path", "targets_path"):
             value = getattr(self, key)
             if value is not None:
@@ -167,8 +174,9 @@ class EngineConfig:
                                   "4 KiB of activations each step; the process keeps its peak memory).")
 
     def validate(self) -> None:
-        if self.grad_accum <= 0:
-            raise ConfigError(f"engine.grad_accum must be a positive integer, got {self.grad_accum}.")
+        if not 0 < self.grad_accum <= MAX_GRAD_ACCUM:    # the step holds its micro-batches at once
+            raise ConfigError(f"engine.grad_accum must be an integer from 1 to {MAX_GRAD_ACCUM:,}, "
+                              f"got {self.grad_accum:,}.")
         if self.tune_budget < 0:
             raise ConfigError(f"engine.tune_budget must not be negative, got {self.tune_budget}.")
 
@@ -194,10 +202,17 @@ class TrainConfig:
         for key in ("eval_interval", "eval_batches", "log_interval", "max_bad_steps"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key} must be a positive integer, got {getattr(self, key)}.")
+        if self.eval_batches > MAX_EVAL_BATCHES:          # validation sets of the built-ins are endless
+            raise ConfigError(f"train.eval_batches must be at most {MAX_EVAL_BATCHES:,}, got {self.eval_batches:,}.")
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"train.seed must be between 0 and 2**63 - 1, got {self.seed}.")
-        if not re.fullmatch(r"(auto|mps)|(cpu|cuda|xpu)(:\d{1,4})?", self.device):
-            raise ConfigError(f"unknown device {self.device!r}: use auto, cpu, cuda, cuda:N, mps, xpu or xpu:N.")
+        check_device_name(self.device)
+
+
+def check_device_name(name: str) -> None:
+    """A device name torch and tensorpilot take, or one sentence (train, generate, serve)."""
+    if not re.fullmatch(r"(auto|mps)|(cpu|cuda|xpu)(:\d{1,4})?", name):
+        raise ConfigError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N, mps, xpu or xpu:N.")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -426,21 +441,15 @@ def _apply(section_obj: Any, values: dict[str, Any], where: str) -> None:
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist.") from None
-    except OSError as exc:
-        from tensorpilot.files import os_reason
+    from tensorpilot.files import read_text
 
-        raise ConfigError(f"cannot read config file {str(path)!r}: {os_reason(exc)}.") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text.") from None
+    text = read_text(path, "config file")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}.") from None
+    except RecursionError:
+        raise ConfigError(f"config file {str(path)!r} is nested too deeply.") from None
 
 
 def apply_mapping(cfg: RunConfig, data: dict[str, Any], source: str = "") -> RunConfig:
@@ -470,14 +479,18 @@ def field_docs() -> list[tuple[str, str, Any, Any]]:
     return out
 
 
+_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"'}
+
+
 def to_toml(cfg: RunConfig) -> str:
     """The effective configuration as TOML that `--config` reads back."""
 
     def fmt(v: Any) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, str):     # a TOML basic string: control characters as \\uXXXX
+            return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or c == "\x7f"
+                                                          else c) for c in v) + '"'
         if isinstance(v, list):
             return "[" + ", ".join(fmt(i) for i in v) + "]"
         return repr(v)

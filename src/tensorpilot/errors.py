@@ -39,3 +39,16 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message (or its type name), at most ``limit`` characters:
     enough to say what a library refused, without its multi-line advice."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
+
+
+def exit_at_once(command: str, message: str, code: int = 130):
+    """Say ``message`` as the command's one sentence and end the process now, from a signal
+    handler. Raising there instead is not safe before work has started: the handler runs between
+    any two bytecodes, also inside Python code that C++ called (importing torch), where an
+    exception aborts the interpreter."""
+    import os
+    import sys
+
+    sys.stderr.write(f"tensorpilot {command}: error: {message}\n")
+    sys.stderr.flush()
+    os._exit(code)

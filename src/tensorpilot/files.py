@@ -19,7 +19,8 @@ from pathlib import Path
 
 from tensorpilot.errors import PathError, TensorpilotError
 
-__all__ = ["os_reason", "writable_dir", "output_file", "existing_path", "write_atomic", "fsync_path"]
+__all__ = ["os_reason", "writable_dir", "output_file", "existing_path", "read_text", "write_atomic",
+           "fsync_path"]
 
 
 def os_reason(exc: OSError) -> str:
@@ -63,9 +64,15 @@ def writable_dir(path: str | os.PathLike, what: str) -> Path:
 
 
 def output_file(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as a file this process can write (its directory created if missing)."""
+    """``path`` as a file this process can write (its directory created if missing). A symlink
+    is followed: the file it points to is written, the link itself stays (an atomic rename would
+    otherwise replace the link, e.g. /dev/stdout, by a regular file)."""
+    if str(path).endswith(("/", os.sep)):
+        raise PathError(f"{what} {str(path)!r} names a directory; give a file name.")
     p = _expand(path)
     try:
+        if p.is_symlink():
+            p = p.resolve()
         if p.is_dir():
             raise PathError(f"{what} {str(path)!r} is a directory; give a file name.")
         if p.exists() and not p.is_file():       # write_atomic's rename would replace a FIFO or device
@@ -96,6 +103,28 @@ def existing_path(path: str | os.PathLike, what: str, kind: str = "any") -> Path
     except OSError as exc:
         raise PathError(f"{what} {str(path)!r} cannot be read: {os_reason(exc)}.") from None
     return p
+
+
+def read_text(path: str | os.PathLike, what: str, limit_bytes: int = 1 << 20) -> str:
+    """A small UTF-8 text file the user named (a configuration): a regular file of at most
+    ``limit_bytes``, never a FIFO or a device that would block or never end."""
+    p = existing_path(path, what, "file")
+    try:
+        if not p.is_file():
+            raise PathError(f"{what} {str(path)!r} is not a regular file.")
+        if p.stat().st_size > limit_bytes:
+            raise PathError(f"{what} {str(path)!r} is larger than {limit_bytes >> 10:,} KiB; "
+                            "is it the right file?")
+        with open(p, "rb") as fh:
+            data = fh.read(limit_bytes + 1)
+    except PathError:
+        raise
+    except OSError as exc:
+        raise PathError(f"{what} {str(path)!r} cannot be read: {os_reason(exc)}.") from None
+    try:
+        return data.decode("utf-8-sig")              # a byte-order mark is not part of the text
+    except UnicodeDecodeError:
+        raise PathError(f"{what} {str(path)!r} is not UTF-8 text.") from None
 
 
 def fsync_path(path: Path) -> None:

@@ -99,13 +99,16 @@ def wait_for(cond, what: str, timeout_s: float = 30.0):
 def start_cli(*args: str, cwd: Path, env: dict) -> tuple:
     """`python -m tensorpilot serve --port 0 ARGS` in a subprocess: (process, base URL) once its
     readiness route answers 200 (stdout and stderr merged into ``process.stdout``)."""
+    import signal
     import subprocess
     import sys
     import urllib.error
     import urllib.request
 
+    # default SIGHUP handling even when the test run itself ignores it (started under nohup)
     proc = subprocess.Popen([sys.executable, "-m", "tensorpilot", "serve", "--port", "0", *args],
-                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     lines = []
     for line in proc.stdout:
         lines.append(line)

@@ -78,7 +78,16 @@ def test_plan_bad_input_is_one_sentence(tmp_path, args, needle):
     ('{"hidden_size": 64}', "lacks num_hidden_layers, num_attention_heads, vocab_size"),
     ("[]", "holds a JSON list"),
     ("{", "is not JSON"),
-], ids=["text-field", "missing-fields", "list", "truncated"])
+    ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, '
+     '"vocab_size": 8, "num_key_value_heads": 0}', "num_key_value_heads is 0"),
+    ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, '
+     '"vocab_size": 8, "head_dim": "x"}', "head_dim is 'x', not a whole number"),
+    ('{"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, '
+     '"vocab_size": 8, "num_local_experts": "x"}', "num_local_experts is 'x', not a whole number"),
+    ('{"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, '
+     '"vocab_size": 8, "num_local_experts": 8}', "num_local_experts is 8: a mixture-of-experts model"),
+], ids=["text-field", "missing-fields", "list", "truncated", "zero-kv-heads", "text-head-dim", "text-experts",
+        "moe"])
 def test_plan_bad_hf_config(tmp_path, content, needle):
     cfg = tmp_path / "config.json"
     cfg.write_text(content)
@@ -133,6 +142,17 @@ def test_plan_validate_reports_bad_rows_and_keeps_going(tmp_path):
     assert "43 rows: 39 predicted, 4 not modelled" in text
 
 
+def test_plan_validate_a_negative_size_is_not_predicted(tmp_path):
+    header, first, *rest = REFERENCE.read_text().splitlines()
+    assert first.split(",")[2] == "1.7"                    # MEG-01's params_b
+    csv = tmp_path / "runs.csv"
+    csv.write_text("\n".join([header, first.replace(",1.7,", ",-5,", 1), *rest]) + "\n")
+    d = strict_json(run("plan", "validate", str(csv), "--json", cwd=tmp_path, timeout=30).out)
+    row = d["rows"][0]
+    assert row["predicted"] is None and "column 'params_b' is '-5', not a positive number" in row["note"]
+    assert d["counts"] == {"rows": 43, "predicted": 42, "not_modelled": 1}
+
+
 @pytest.mark.parametrize("content,needle", [
     ("", "is empty"),
     ("id,metric\n", "its header lacks value, unit, params_b, n_gpus"),
@@ -154,6 +174,9 @@ def test_plan_validate_bad_file(tmp_path, content, needle):
     (["slurm", "--checkpoint-dir", "$(echo INJECTED)"], "may name variables"),
     (["slurm", "--", "--data", "x\necho INJECTED"], "contains a line break"),
     (["slurm", "--", "--stepz", "5"], "does not accept"),
+    (["slurm", "--", "--lr", "nan"], "optim.lr: expected a finite number, got 'nan'"),
+    (["slurm", "--", "--steps", "0"], "train.steps must be a positive integer, got 0"),
+    (["k8s", "--", "--precision", "fp64"], "engine.precision: expected one of auto"),
     (["k8s", "--name", "My_Job"], "DNS-1035 label"),
     (["k8s", "--namespace", "a.b"], "DNS-1123 label"),
     (["k8s", "--pvc-size", "lots"], "Kubernetes quantity"),
@@ -168,6 +191,45 @@ def test_launch_bad_input_is_one_sentence(tmp_path, args, needle):
 
 def test_launch_out_that_is_a_directory(tmp_path):
     assert_clean_error(run("launch", "slurm", "--out", str(tmp_path), cwd=tmp_path, timeout=30), 2, "is a directory")
+
+
+def test_launch_out_dash_is_standard_output(tmp_path):
+    """`--out - | sbatch`: the job file alone on stdout, no file named '-'."""
+    res = run("launch", "slurm", "--out", "-", "--", "--steps", "5", cwd=tmp_path, timeout=30)
+    assert res.code == 0 and res.err == "", str(res)
+    assert res.out.startswith("#!/bin/bash\n") and res.out.rstrip().endswith("--steps 5")
+    assert "wrote" not in res.out and not (tmp_path / "-").exists()
+    res = run("launch", "k8s", "--out", "-", cwd=tmp_path, timeout=30)
+    assert res.code == 0 and [json.loads(d)["kind"] for d in res.out.split("---\n")] == \
+        ["PersistentVolumeClaim", "PyTorchJob"], str(res)
+    assert list(tmp_path.iterdir()) == []
+    help_text = run("launch", "slurm", "--help", cwd=tmp_path, timeout=30).out
+    assert "'-' prints the job file on standard output" in " ".join(help_text.split())
+
+
+def test_launch_out_with_a_trailing_slash_names_a_directory(tmp_path):
+    # it used to write a file named 'newdir'
+    res = run("launch", "slurm", "--out", "newdir/", cwd=tmp_path, timeout=30)
+    assert_clean_error(res, 2, "'newdir/' names a directory; give a file name")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_launch_out_through_a_symlink_writes_its_target(tmp_path):
+    """The job file replaces the link's target atomically; the link stays a link (a rename over
+    the link itself would have turned it into a regular file)."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "train.sbatch").write_text("old job\n")
+    link = tmp_path / "current.sbatch"
+    link.symlink_to(jobs / "train.sbatch")
+    dangling = tmp_path / "next.sbatch"
+    dangling.symlink_to(jobs / "next.sbatch")            # a target that does not exist yet
+    for out in (link, dangling):
+        res = run("launch", "slurm", "--out", out.name, cwd=tmp_path, timeout=30)
+        assert res.code == 0 and "Traceback" not in res.err, str(res)
+        assert out.is_symlink() and out.read_text().startswith("#!/bin/bash")
+    assert (jobs / "train.sbatch").read_text().startswith("#!/bin/bash")
+    assert sorted(p.name for p in jobs.iterdir()) == ["next.sbatch", "train.sbatch"]   # no temporaries left
 
 
 def test_launch_out_that_is_not_a_regular_file(tmp_path):

@@ -400,3 +400,143 @@ def test_sigterm_drains_every_accepted_request_gets_an_answer(tmp_path):
     assert late_headers["connection"] == "close"
     assert proc.returncode == 0 and "draining for 1 s" in out, out
     assert stopped_s < 30, stopped_s               # window + in-flight work, far below the bound
+
+
+def test_sighup_drains_like_sigterm(tmp_path):
+    """A closed terminal or `kill -HUP`: the request being computed still gets its answer, and
+    the server exits 0 after the drain window (Python's default for SIGHUP would end it at once,
+    exit 129)."""
+    from safetensors.torch import save_model
+
+    from serve_helpers import GATE_VALUE
+
+    save_model(gated(), str(tmp_path / "w.safetensors"))
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    proc, url = start_cli("--model", "serve_helpers:gated", "--weights", "w.safetensors", "--input-shape", "4",
+                          "--precision", "fp32", "--max-batch-size", "2", "--drain-window", "1", cwd=tmp_path,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                                   **_env(TP_GATE_DIR=str(gate))))
+    held = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [GATE_VALUE, 0, 0, 0]}]}
+    answer = []
+    client = threading.Thread(target=lambda: answer.append(
+        httpx.post(url + "/v2/models/gated/infer", json=held, timeout=60)))
+    try:
+        client.start()
+        wait_for(lambda: (gate / "entered").exists(), "the request to reach the model")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: _status(url, "/v2/health/ready") == 503, "the drain to begin")
+        assert proc.poll() is None                 # still answering: readiness said 503
+        (gate / "release").touch()
+        client.join(timeout=60)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    assert answer and answer[0].status_code == 200, answer
+    assert proc.returncode == 0 and "draining for 1 s" in out and "in-flight requests finished" in out, out
+
+
+def test_sighup_stays_ignored_under_nohup():
+    # `nohup tensorpilot serve &` ignores SIGHUP on purpose: closing the terminal must not stop it
+    from tensorpilot.serve import server
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert server._stop_signals_not_ignored() == []
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert server._stop_signals_not_ignored() == ([signal.SIGHUP] if previous is not signal.SIG_IGN else [])
+
+
+def test_a_deeply_nested_body_gets_400_and_the_server_stays_up(tmp_path):
+    """~600 KB of nested objects, well under --max-request-bytes: orjson before 3.9.15 recursed
+    on it until the process died (exit 139). Sent to a real server process, which must answer
+    400 and then keep serving."""
+    from safetensors.torch import save_model
+
+    save_model(gated(), str(tmp_path / "w.safetensors"))
+    proc, url = _start(["--model", "serve_helpers:gated", "--weights", "w.safetensors", "--input-shape", "4",
+                        "--precision", "fp32", "--max-batch-size", "2"], cwd=tmp_path)
+    deep = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+    arrays = b"[" * 100_000 + b"]" * 100_000
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            replies = [client.post("/v2/models/gated/infer", content=body,
+                                   headers={"content-type": "application/json"}) for body in (deep, arrays)]
+            after = client.post("/v2/models/gated/infer", json=ROW)
+        alive = proc.poll() is None
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=60)[0]
+    for r in replies:
+        assert r.status_code == 400 and "more than 64 levels deep" in r.json()["error"], (r.status_code, r.text)
+    assert alive and after.status_code == 200, out
+
+
+def test_a_tiny_temperature_is_greedy_not_an_error(tmp_path):
+    """temperature 1e-300 underflows to 0 in float32; the shared sampler (workloads.gpt.next_token)
+    shifts by the row maximum and divides in float64, so it samples the argmax: the same text as
+    temperature 0, over /generate and /generate_stream."""
+    served = model_mod.load(run=str(_gpt_run(tmp_path)))
+    cfg = ServeConfig(max_new_tokens=16, batch=BatchConfig(max_batch_size=2))
+
+    def body(temperature: float, **extra) -> dict:
+        return {"text_input": "def ", "parameters": {"max_tokens": 12, "temperature": temperature, "seed": 3,
+                                                     **extra}}
+
+    with LiveServer(served, cfg) as srv, httpx.Client(base_url=srv.url, timeout=60) as client:
+        greedy = client.post("/v2/models/gpt/generate", json=body(0))
+        replies = [(client.post("/v2/models/gpt/generate", json=body(1e-300, **k)),
+                    client.post("/v2/models/gpt/generate_stream", json=body(1e-300, **k)))
+                   for k in ({}, {"top_k": 0})]        # the default top_k (40), and all tokens
+        after = client.get("/v2/health/ready")
+    assert greedy.status_code == 200, greedy.text
+    text = greedy.json()["text_output"]
+    for tiny, stream in replies:
+        assert tiny.status_code == 200 and tiny.json()["text_output"] == text, tiny.text
+        assert stream.status_code == 200 and "event: error" not in stream.text, stream.text
+        events = [json.loads(line[len("data: "):]) for line in stream.text.splitlines() if line.startswith("data: ")]
+        assert len(events) == 12 and "".join(e["text_output"] for e in events) == text
+    assert after.status_code == 200
+
+
+# --------------------------------------------------------------------------- a distributed run
+
+def _dcp_run(root: Path) -> Path:
+    """What `train --nproc 2` leaves (docs/distributed.md): meta.json says "format": "dcp" and the
+    weights are DCP shards, so there is no model.safetensors."""
+    run_dir = _edit_meta(_gpt_run(root), lambda m: m.update(format="dcp"))
+    ckpt = next(run_dir.glob("checkpoints/*"))
+    (ckpt / "model.safetensors").rename(ckpt / "__0_0.distcp")
+    return run_dir
+
+
+def test_a_distributed_run_is_refused_with_the_command_that_converts_it(tmp_path):
+    _dcp_run(tmp_path / "run")
+    for args in (["serve", "--run", "run"], ["deploy", "k8s", "--run", "run", "--out", "k8s"]):
+        line = assert_clean_error(run(*args, cwd=tmp_path, timeout=60), 1, "distributed run",
+                                  "`tensorpilot train --resume run --steps 2`", "then run this command again")
+        assert "model.safetensors is missing" not in line
+    assert not (tmp_path / "k8s").exists()
+    ckpt = next((tmp_path / "run").glob("checkpoints/*"))
+    assert_clean_error(run("serve", "--run", str(ckpt.relative_to(tmp_path)), cwd=tmp_path, timeout=60), 1,
+                       f"--resume {ckpt.relative_to(tmp_path)} --steps 2`", "then give --run run.")
+
+
+@pytest.mark.slow
+def test_the_suggested_conversion_of_a_distributed_run_works_when_pasted(tmp_path):
+    """For real: two processes over gloo write a DCP checkpoint; the command serve suggests
+    resumes it in one process, and serve then loads the run."""
+    import shlex
+
+    from battery import TINY
+
+    res = run("train", *TINY, "--steps", "2", "--nproc", "2", "--run-dir", "run", cwd=tmp_path, timeout=300)
+    assert res.code == 0, str(res)
+    line = assert_clean_error(run("serve", "--run", "run", cwd=tmp_path, timeout=60), 1, "distributed run")
+    command = shlex.split(line.split("`")[1])
+    assert command[:2] == ["tensorpilot", "train"], line
+    res = run(*command[1:], cwd=tmp_path, timeout=300)
+    assert res.code == 0, str(res)
+    served = model_mod.load(run=str(tmp_path / "run"))
+    assert served.kind == "gpt" and served.source.endswith("step_00000003")

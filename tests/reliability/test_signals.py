@@ -99,3 +99,28 @@ def test_sigterm_to_a_single_process_run(tmp_path):
     res, _ = _stop(proc, proc.pid)
     assert_clean_error(res, 130, "interrupted by SIGTERM", "checkpoint saved")
     assert _saved_step(run_dir) >= 2
+
+
+def test_sighup_stops_like_sigterm_and_a_second_run_cannot_share_the_directory(tmp_path):
+    run_dir = tmp_path / "H"
+    proc = _start(run_dir)
+    _wait_for_steps(proc, run_dir, 2)
+    # two runs in one directory would prune and replace each other's checkpoints: refused
+    other = run("train", *TINY, "--steps", "3", "--run-dir", str(run_dir), cwd=tmp_path)
+    assert_clean_error(other, 2, "in use by another tensorpilot run", f"process {proc.pid}")
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGHUP)                     # the terminal went away
+    out, err = proc.communicate(timeout=STOP_BOUND_S)
+    assert_clean_error(Result(proc.returncode, out, err), 130, "interrupted by SIGHUP", "checkpoint saved")
+    assert time.monotonic() - t0 < STOP_BOUND_S and _saved_step(run_dir) >= 2
+    # the lock went with the process: the directory is free again
+    res = run("train", "--resume", str(run_dir), "--steps", str(_saved_step(run_dir) + 1), cwd=tmp_path)
+    assert res.code == 0, str(res)
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 2.0], ids=["while importing", "while setting up"])
+def test_a_stop_signal_before_training_starts_is_one_sentence(tmp_path, delay_s):
+    proc = _start(tmp_path / "E")
+    time.sleep(delay_s)
+    res, _ = _stop(proc, proc.pid)
+    assert_clean_error(res, 130, "interrupted by SIGTERM")

@@ -7,6 +7,8 @@ the sentence must contain). Files a case needs are made by ``_files`` in the cas
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from battery import TINY, assert_clean_error, run
@@ -40,6 +42,8 @@ def _files(d):
         "def not_a_model():\n    return 42\n"
         "NOT_CALLABLE = 3\n")
     (d / "broken.py").write_text("def oops(:\n")
+    os.mkfifo(d / "fifo")
+    (d / "deep.toml").write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
 
 
 CASES = [
@@ -53,6 +57,9 @@ CASES = [
     (["--config", "section.toml"], 2, ["[train]", "table"]),
     (["--config", "latin1.toml"], 2, ["utf-8"]),
     (["--config", "."], 2, ["config file", "directory"]),
+    (["--config", "/dev/zero"], 2, ["config file", "not a regular file"]),       # would never end
+    (["--config", "fifo"], 2, ["config file", "not a regular file"]),            # would block
+    (["--config", "deep.toml"], 2, ["config file"]),
     # --- numbers that pass a type check but are not values
     (["--lr", "nan"], 2, ["optim.lr", "finite"]),
     (["--lr", "inf"], 2, ["optim.lr", "finite"]),
@@ -68,6 +75,11 @@ CASES = [
     (["--seed", "-1"], 2, ["train.seed"]),
     (["--nproc", "1e9"], 2, ["parallel.nproc"]),
     (["--data.num_workers", "100000"], 2, ["data.num_workers"]),
+    (["--engine.grad_accum", "1e8"], 2, ["engine.grad_accum"]),                  # all held at once
+    (["--train.eval_batches", "1e30"], 2, ["train.eval_batches"]),
+    (["--model", "mlp", "--model.hidden", "1e30"], 2, ["model.hidden"]),
+    (["--model", "cnn", "--model.channels", "1e30"], 2, ["model.channels"]),
+    (["--run-dir", "control\x7fchars", "--print-config"], 0, []),              # written as valid TOML
     (["--engine.tune_budget", "inf"], 2, ["engine.tune_budget", "finite"]),
     (["--device", "cpu:abc"], 2, ["unknown device"]),
     (["--device", "cuda:0:1"], 2, ["unknown device"]),
@@ -98,7 +110,7 @@ CASES = [
     (["--batch-size", "1e9"], 2, ["does not fit", "GiB"]),
     (["--model.d_model", "4e6", "--model.n_head", "4"], 2, ["does not fit", "GiB"]),
     (["--model.seq_len", "1e8"], 2, ["seq_len"]),
-    (["--model", "mlp", "--model.hidden", "100000000"], 2, ["does not fit"]),
+    (["--model", "mlp", "--model.hidden", "10000000"], 2, ["does not fit"]),
     (["--model", "cnn", "--data.input_shape", "3,100000,100000"], 2, ["GiB"]),
     (["--model", "cnn", "--data.num_classes", "1e9"], 2, ["num_classes"]),
     # --- the user's factory
@@ -114,7 +126,13 @@ CASES = [
 @pytest.mark.parametrize("args,code,needles", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
 def test_train_bad_input(args, code, needles, tmp_path):
     _files(tmp_path)
-    res = run("train", *args, "--steps", "2", "--logging.progress", "off", cwd=tmp_path)
+    res = run("train", *args, "--steps", "2", "--logging.progress", "off", cwd=tmp_path, timeout=60)
+    if code == 0:                              # --print-config: the TOML it prints reads back
+        assert res.code == 0, str(res)
+        (tmp_path / "printed.toml").write_text(res.out)
+        back = run("train", "--config", "printed.toml", "--print-config", cwd=tmp_path)
+        assert back.code == 0 and back.out == res.out, str(back)
+        return
     assert_clean_error(res, code, *needles)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("step_*")), \
         "a refused run wrote a checkpoint"
@@ -127,6 +145,7 @@ def _gpt_run(d):
 
 
 GENERATE_CASES = [
+    (["--device", "garbage"], 2, ["unknown device 'garbage'"]),
     (["--top-k", "-1"], 2, ["--top-k"]),
     (["--temperature", "nan"], 2, ["--temperature", "finite"]),
     (["--temperature", "-1"], 2, ["--temperature"]),
@@ -147,8 +166,35 @@ def test_generate_bad_input(tmp_path):
     # a prompt with bytes that are not UTF-8 (a shell passes them through) is continued, not refused
     res = run("generate", "--run", str(run_dir), "--tokens", "5", "--prompt", "caf\udce9", cwd=tmp_path)
     assert res.code == 0, str(res)
+    # a tiny temperature is greedy decoding, not a NaN softmax; RUN/checkpoints names the run too
+    greedy = run("generate", "--run", str(run_dir), "--tokens", "8", "--temperature", "0", cwd=tmp_path)
+    tiny = run("generate", "--run", str(run_dir / "checkpoints"), "--tokens", "8", "--temperature", "1e-300",
+               cwd=tmp_path)
+    assert greedy.code == tiny.code == 0 and greedy.out == tiny.out, str(tiny)
 
 
 def test_hw_bad_input(tmp_path):
     assert_clean_error(run("hw", "--gpu", "no-such-gpu-9000", cwd=tmp_path), 2, "no-such-gpu-9000")
+    assert_clean_error(run("hw", "--gpu", "", cwd=tmp_path), 2, "unknown accelerator ''")
     assert_clean_error(run("hw", "--allreduce-procs", "-1", cwd=tmp_path), 2, "--allreduce-procs")
+
+
+def test_a_malformed_or_unwritable_cache_is_measured_again_not_trusted(tmp_path):
+    """The measurement cache is a file anyone may edit: a malformed one is ignored (and, where
+    the directory is writable, replaced); an unwritable one only costs re-measuring."""
+    import shutil
+
+    cache = tmp_path / "cache"
+    shutil.copytree(os.environ["TENSORPILOT_CACHE"], cache)          # the session's measurements
+    run("train", *TINY, "--steps", "1", "--run-dir", "r0", cwd=tmp_path, env={"TENSORPILOT_CACHE": str(cache)})
+    probes = list(cache.glob("probe-*.json"))
+    assert probes, "the trainer measured a ceiling and cached it"
+    probes[0].write_text("[1, 2]")
+    res = run("train", *TINY, "--steps", "1", "--run-dir", "r1", cwd=tmp_path, env={"TENSORPILOT_CACHE": str(cache)})
+    assert res.code == 0 and (tmp_path / "r1" / "summary.json").exists(), str(res)
+    probes[0].write_text('{"devices": [{"device": "cpu", "name": "x", "matmul_flops": {"fp32": "fast"}}]}')
+    assert run("hw", cwd=tmp_path, env={"TENSORPILOT_CACHE": str(cache)}).code == 0
+    (tmp_path / "afile").write_text("x")                               # a cache "directory" that is a file
+    res = run("hw", "--probe", "--quick", "--allreduce-procs", "0", cwd=tmp_path,
+              env={"TENSORPILOT_CACHE": str(tmp_path / "afile")})
+    assert res.code == 0 and "not cached" in res.out and "TENSORPILOT_CACHE" in res.out, str(res)

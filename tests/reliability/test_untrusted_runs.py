@@ -97,3 +97,86 @@ def test_a_pickle_in_state_pt_is_refused_without_advice_to_unpickle_it(gpt_run, 
     line = assert_clean_error(res, 1, "refused", "never unpickles")
     assert "weights_only" not in res.err and "weights_only" not in line
     assert not (tmp_path / "EXECUTED").exists()
+
+
+@pytest.fixture(scope="module")
+def dcp_run(tmp_path_factory):
+    """A run written by two processes: torch.distributed.checkpoint shards and .metadata."""
+    d = tmp_path_factory.mktemp("dcp")
+    res = run("train", *TINY, "--steps", "2", "--nproc", "2", "--run-dir", str(d / "run"), cwd=d, timeout=180)
+    assert res.code == 0, str(res)
+    return d / "run"
+
+
+class Exec:
+    """A pickle that would write the marker when unpickled by plain pickle.load."""
+
+    def __reduce__(self):
+        return (exec, ("open('EXECUTED', 'w').write('ran')",))
+
+
+@pytest.mark.parametrize("damage", ["pickle in .metadata", "truncated .metadata", "missing shard",
+                                    "truncated shard"])
+def test_a_doctored_or_damaged_distributed_checkpoint_is_refused(dcp_run, tmp_path, damage):
+    import pickle
+
+    run_dir, ckpt = _copy(dcp_run, tmp_path / "run")
+    shard = sorted(ckpt.glob("*.distcp"))[-1]
+    if damage == "pickle in .metadata":          # torch's own reader would run it (pickle.load)
+        (ckpt / ".metadata").write_bytes(pickle.dumps(Exec()))
+    elif damage == "truncated .metadata":
+        (ckpt / ".metadata").write_bytes((ckpt / ".metadata").read_bytes()[:50])
+    elif damage == "missing shard":
+        shard.unlink()
+    else:
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    res = run("train", "--resume", str(run_dir), "--steps", "4", cwd=tmp_path)
+    assert_clean_error(res, 1, str(ckpt.name), "refused" if "pickle" in damage else "damaged")
+    assert not (tmp_path / "EXECUTED").exists()
+
+
+def _edit_state(ckpt, edit):
+    state = torch.load(ckpt / "state.pt", weights_only=True)
+    edit(state)
+    torch.save(state, ckpt / "state.pt")
+    _edit_meta(ckpt, lambda m: m["sha256"].update({"state.pt": ckpt_io.sha256_file(ckpt / "state.pt")}))
+
+
+META_DAMAGE = [
+    ("checksums that are not an object", lambda m: m.update(sha256="abc"), "no checksums"),
+    ("a 5000-digit number", None, "thousands of digits"),
+    ("nesting 100,000 deep", None, "nested too deeply"),
+]
+STATE_DAMAGE = [
+    ("scheduler = 5", lambda s: s.update(scheduler=5)),
+    ("a negative step", lambda s: s.update(step=-100)),
+    ("samples_seen = [1]", lambda s: s.update(samples_seen=[1])),
+    ("a float RNG state", lambda s: s["rng"].update(cpu=torch.zeros(4))),
+    ("optimizer = 'x'", lambda s: s.update(optimizer="x")),
+]
+
+
+@pytest.mark.parametrize("what,edit,needle", META_DAMAGE, ids=[c[0] for c in META_DAMAGE])
+def test_a_malformed_meta_json_is_one_sentence(gpt_run, tmp_path, what, edit, needle):
+    run_dir, ckpt = _copy(gpt_run, tmp_path / "run")
+    if edit is not None:
+        _edit_meta(ckpt, edit)
+    elif "digit" in what:
+        (ckpt / "meta.json").write_text('{"step": ' + "9" * 5000 + "}")
+    else:
+        (ckpt / "meta.json").write_text("[" * 100_000 + "]" * 100_000)
+    for command in (["generate", "--run", str(run_dir)], ["train", "--resume", str(run_dir), "--steps", "4"]):
+        assert_clean_error(run(*command, cwd=tmp_path), 1, needle)
+
+
+@pytest.mark.parametrize("what,edit", STATE_DAMAGE, ids=[c[0] for c in STATE_DAMAGE])
+def test_a_doctored_state_pt_is_one_sentence(gpt_run, tmp_path, what, edit):
+    run_dir, ckpt = _copy(gpt_run, tmp_path / "run")
+    _edit_state(ckpt, edit)
+    assert_clean_error(run("train", "--resume", str(run_dir), "--steps", "4", cwd=tmp_path), 1,
+                       "cannot restore this run's training state")
+
+
+def test_generate_from_a_distributed_run_says_how_to_get_a_one_process_checkpoint(dcp_run, tmp_path):
+    res = run("generate", "--run", str(dcp_run), "--tokens", "3", cwd=tmp_path)
+    assert_clean_error(res, 1, "distributed run", f"tensorpilot train --resume {dcp_run} --steps 3")

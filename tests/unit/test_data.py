@@ -340,3 +340,37 @@ def test_split_tensors_is_a_partition():
     assert len(yv) == 5 and len(yt) == 15                      # int(20 * 0.25)
     assert sorted(yt.tolist() + yv.tolist()) == list(range(20))
     assert torch.equal(xt[:, 0].long(), yt) and torch.equal(xv[:, 0].long(), yv)
+
+
+def test_a_huge_dataset_is_shuffled_without_storing_a_permutation(monkeypatch):
+    from tensorpilot.workloads.data import ShuffledEpochs
+
+    class Range(torch.utils.data.Dataset):
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            return i
+
+    # above the threshold each epoch is a computed permutation: still every row exactly once
+    monkeypatch.setattr(ShuffledEpochs, "STORED_PERMUTATION_MAX", 10)
+    view = ShuffledEpochs(Range(97), seed=3)
+    epoch0, epoch1 = [view[i] for i in range(97)], [view[i] for i in range(97, 194)]
+    assert sorted(epoch0) == sorted(epoch1) == list(range(97)) and epoch0 != epoch1
+    # 10^12 rows: answered at once, nothing of that size is allocated
+    big = ShuffledEpochs(Range(10**12), seed=3)
+    assert 0 <= big[5] < 10**12 and big[5] == ShuffledEpochs(Range(10**12), seed=3)[5]
+
+
+def test_the_text_reader_reads_no_more_than_it_keeps(tmp_path):
+    from tensorpilot.workloads.data import load_text_corpus
+
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as fh:                    # 64 GiB, sparse: reading it whole would never end
+        fh.write(b"def f():\n    return 1\n" * 100)
+        fh.truncate(64 * 2**30)
+    train, val, _ = load_text_corpus(str(huge), 0.1, 1000)
+    assert train.numel() + val.numel() == 1000

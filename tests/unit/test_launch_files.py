@@ -155,6 +155,14 @@ def test_slurm_time_formats_refused(text):
     (["k8s", "--pvc-size=-5Gi"], "must be a positive Kubernetes quantity"),
     (["k8s", "--storage-class", "Fast_SSD"], "storage class 'Fast_SSD' must be a DNS-1123 subdomain"),
     (["k8s", "--max-restarts", "-1"], "--max-restarts must be a whole number from 0 to 1,000"),
+    # the train arguments' values, by the run configuration's own types and rules
+    (["slurm", "--", "--lr", "nan"], "train arguments after --: optim.lr: expected a finite number, got 'nan'"),
+    (["slurm", "--", "--steps", "0"], "train arguments after --: train.steps must be a positive integer, got 0"),
+    (["slurm", "--", "--precision", "fp64"], "engine.precision: expected one of auto, fp32, tf32, bf16, fp16"),
+    (["slurm", "--", "--optim.betas", "0.9"], "optim.betas must be two numbers"),
+    (["slurm", "--", "--model.d_model", "65", "--model.n_head", "2"], "must be divisible by model.n_head"),
+    (["k8s", "--", "--batch-size", "-3"], "data.batch_size must be a positive integer, got -3"),
+    (["k8s", "--", "--parallel.timeout_s", "inf"], "parallel.timeout_s: expected a finite number"),
 ])
 def test_bad_job_settings_are_one_sentence(tmp_path, capsys, args, needle):
     out = tmp_path / "job"
@@ -233,3 +241,25 @@ def test_out_must_be_a_writable_file(tmp_path, capsys):
     assert main(["launch", "slurm", "--out", str(out)]) == 0
     assert out.read_text().startswith("#!/bin/bash") and sorted(p.name for p in tmp_path.iterdir()) == \
         sorted(["file", "job.sbatch"] + (["locked"] if os.geteuid() != 0 else []))
+
+
+def test_train_paths_are_the_clusters_and_are_not_looked_up(tmp_path, capsys):
+    # --data and --config name the cluster's storage: absent here, accepted into the job file
+    out = tmp_path / "job.sbatch"
+    code, line = launch(capsys, "slurm", "--out", str(out), "--", "--data", "/cluster/corpus.txt",
+                        "--data.targets_path", "/cluster/y.npy", "--config", "/cluster/run.toml", "--lr", "1e-4")
+    assert code == 0, line
+    assert "--data /cluster/corpus.txt" in out.read_text()
+
+
+def test_out_dash_prints_the_job_file_and_nothing_else(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["launch", "slurm", "--out", str(tmp_path / "job.sbatch"), "--", "--steps", "5"]) == 0
+    capsys.readouterr()
+    assert main(["launch", "slurm", "--out", "-", "--", "--steps", "5"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == (tmp_path / "job.sbatch").read_text() and printed.err == ""
+    assert not (tmp_path / "-").exists()
+    assert main(["launch", "k8s", "--out", "-"]) == 0
+    docs = capsys.readouterr().out.split("---\n")
+    assert [json.loads(d)["kind"] for d in docs] == ["PersistentVolumeClaim", "PyTorchJob"]

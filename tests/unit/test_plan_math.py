@@ -144,6 +144,17 @@ def _hf(tmp_path, cfg, name="config.json"):
     ({"resid_pdrop": "0.1"}, "resid_pdrop is '0.1', not a number between 0 and 1"),
     ({"tie_word_embeddings": "no"}, "tie_word_embeddings is 'no', not true or false"),
     ({"max_position_embeddings": 10**12}, "max_position_embeddings must be between 1 and 1,000,000,000"),
+    ({"num_key_value_heads": 0}, "num_key_value_heads is 0, and attention needs at least one key/value head"),
+    ({"num_key_value_heads": -1}, "num_key_value_heads must be between 0 and 16,777,216, got -1"),
+    ({"head_dim": "x"}, "head_dim is 'x', not a whole number"),
+    ({"head_dim": 0}, "head_dim must be between 1 and 16,777,216, got 0"),
+    ({"num_local_experts": "x"}, "num_local_experts is 'x', not a whole number"),
+    ({"num_experts": -2}, "num_experts must be between 0 and 16,777,216, got -2"),
+    # mixture of experts: refused, not planned as a dense model with a fraction of its weights
+    ({"num_local_experts": 8}, "num_local_experts is 8: a mixture-of-experts model, which the planner "
+                               "does not model"),
+    ({"n_routed_experts": 64}, "n_routed_experts is 64: a mixture-of-experts model"),
+    ({"ffn_config": {"moe_num_experts": 16}}, "ffn_config: moe_num_experts is 16: a mixture-of-experts"),
 ])
 def test_hf_config_bad_field_names_the_field(tmp_path, change, needle):
     from tensorpilot.plan.models import model_spec_from_hf_config
@@ -151,6 +162,39 @@ def test_hf_config_bad_field_names_the_field(tmp_path, change, needle):
     cfg = {k: v for k, v in {**LLAMA_FIELDS, **change}.items() if v is not None}
     with pytest.raises(ConfigError, match=re.escape(needle)):
         model_spec_from_hf_config(_hf(tmp_path, cfg))
+
+
+def test_hf_config_one_expert_or_none_is_a_dense_model(tmp_path):
+    from tensorpilot.plan.models import model_spec_from_hf_config
+
+    dense = model_spec_from_hf_config(_hf(tmp_path, LLAMA_FIELDS)).n_params
+    for experts in (0, 1, None):
+        spec = model_spec_from_hf_config(_hf(tmp_path, {**LLAMA_FIELDS, "num_local_experts": experts}))
+        assert spec.n_params == dense
+
+
+def test_hf_config_head_dim_wider_than_hidden_over_heads(tmp_path):
+    """Gemma 7B: 16 heads of 256 = 4096 on a 3072-wide model (google/gemma-7b config.json)."""
+    from tensorpilot.plan import flops
+    from tensorpilot.plan.models import model_spec_from_hf_config
+
+    cfg = {"model_type": "gemma", "hidden_size": 3072, "intermediate_size": 24576, "num_attention_heads": 16,
+           "num_key_value_heads": 16, "head_dim": 256, "num_hidden_layers": 28, "vocab_size": 256000,
+           "hidden_act": "gelu", "max_position_embeddings": 8192, "tie_word_embeddings": True}
+    spec = model_spec_from_hf_config(_hf(tmp_path, cfg))
+    assert spec.head_dim == 256 and spec.q_dim == 4096 and spec.kv_dim == 4096
+    # per layer: q, k, v 3 x 3072 x 4096 = 37,748,736; o 4096 x 3072 = 12,582,912; GeGLU MLP
+    # 3 x 3072 x 24576 = 226,492,416; 2 RMSNorm scales 6,144 -> 276,830,208; x 28 = 7,751,245,824;
+    # + tied embedding 256000 x 3072 = 786,432,000 + final norm 3,072 = 8,537,680,896 (Google: 8.54B)
+    assert spec.n_params == 8_537_680_896
+    # the FLOP formula's matmuls are the same weights: one token through every layer and the head
+    per_layer = sum(g.k * g.n for g in flops.layer_gemms(spec, tokens=1))
+    assert spec.layers * per_layer + spec.vocab * spec.hidden == spec.n_matmul_params
+    assert flops.attention_core_flops(spec, 1, 8) == 2 * 2 * 8 * 8 * 4096
+    # a head_dim equal to hidden / heads changes nothing
+    same = model_spec_from_hf_config(_hf(tmp_path, {**LLAMA_FIELDS, "head_dim": 128}))
+    dense = model_spec_from_hf_config(_hf(tmp_path, LLAMA_FIELDS))
+    assert same.attn_head_dim == 0 and same.n_params == dense.n_params
 
 
 def test_hf_config_integral_float_is_a_whole_number(tmp_path):

@@ -276,6 +276,22 @@ def test_a_row_that_cannot_be_modelled_says_why(change, reason):
     assert counts(results) == {"rows": 43, "predicted": 42, "not_modelled": 1}
 
 
+@pytest.mark.parametrize("column", ["params_b", "hidden", "layers", "heads", "vocab", "ffn_hidden", "kv_heads",
+                                    "n_gpus", "tp", "pp", "dp", "seq_len", "global_batch", "micro_batch"])
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_a_size_that_is_not_positive_is_the_rows_reason(column, value):
+    """Whether or not the row's metric uses the column: params_b = -5 is a typo, not a run."""
+    from tensorpilot.plan.validate import validate_rows
+
+    rows = _reference_rows()
+    shapeless = next(r for r in rows if not r["hidden"])          # predicted from params_b alone
+    for row in (rows[0], shapeless):
+        result = validate_rows([{**row, column: value}])[0]
+        assert result.predicted is None, (row["id"], column, value, result)
+        kind = "number" if column == "params_b" else "whole number"
+        assert f"column {column!r} is {value!r}, not a positive {kind}" in result.note
+
+
 def test_a_long_row_is_reported():
     from tensorpilot.plan.validate import validate_rows
 

@@ -93,3 +93,44 @@ def test_response_shape():
     out = json.loads(P.infer_response("cnn", "7", OUT, torch.zeros(2, 10)))
     assert out == {"model_name": "cnn", "id": "7", "outputs": [
         {"name": "logits", "datatype": "FP32", "shape": [2, 10], "data": [0.0] * 20}]}
+
+
+# ------------------------------------------------------------------ nesting depth, before parsing
+
+def _nest(depth: int, inner: str = "1", key: str | None = None) -> bytes:
+    """``depth`` levels of arrays (or of {"key": ...} objects) around ``inner``."""
+    if key is None:
+        return ("[" * depth + inner + "]" * depth).encode()
+    return (f'{{"{key}":' * depth + inner + "}" * depth).encode()
+
+
+@pytest.mark.parametrize("text", [_nest(64), _nest(64, key="a"), _nest(32, _nest(32, key="k").decode()),
+                                  json.dumps({"s": "[[[[{{{{" * 100, "data": [[1, 2]] * 500}).encode(),
+                                  json.dumps({"s": '\\"[' * 100}).encode()])
+def test_depth_up_to_64_is_parsed(text):
+    P.loads(text)                                  # brackets inside strings do not nest
+
+
+@pytest.mark.parametrize("text", [_nest(65), _nest(65, key="a"), _nest(100_000, key="a"), b"[" * 100_000,
+                                  b"[" * 70 + b"]" * 69 + b"]", _nest(40, _nest(30, key="k").decode())])
+def test_deeper_than_64_is_a_bad_request_before_the_parser_runs(text, monkeypatch):
+    # the parser must not even see it (orjson < 3.9.15 crashed the process on deep objects)
+    monkeypatch.setattr(P, "_orjson", None)
+    monkeypatch.setattr(P, "json", None)
+    with pytest.raises(P.BadRequest, match="more than 64 levels deep"):
+        P.loads(text)
+
+
+@pytest.mark.parametrize("text", [b"]" * 70 + b"[" * 70, b"[" + b"[]," * 70,
+                                  b"[[]]]" * 30, b"[" * 60 + b"]" * 65])
+def test_brackets_that_do_not_pair_up_are_a_bad_request(text):
+    with pytest.raises(P.BadRequest, match="not valid JSON"):    # the depth check's or the parser's
+        P.loads(text)
+
+
+def test_a_large_nested_infer_body_is_accepted():
+    # a realistic large request: 512 images of 3 x 32 x 32, nested (about 5 MiB of JSON)
+    data = torch.rand(512, 3, 32, 32).tolist()
+    text = json.dumps({"inputs": [{"name": "input", "shape": [512, 3, 32, 32], "datatype": "FP32",
+                                   "data": data}]}).encode()
+    assert P.loads(text)["inputs"][0]["shape"] == [512, 3, 32, 32]

@@ -89,6 +89,9 @@ def _available(kind: str) -> bool:
 
 def resolve_device(requested: str = "auto") -> str:
     """'auto' -> cuda (incl. ROCm) > mps > xpu > cpu; an explicit device must be present."""
+    from tensorpilot.config import check_device_name
+
+    check_device_name(requested)
     if requested == "auto":
         for kind in ("cuda", "mps", "xpu"):
             if _available(kind):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import socket
 import statistics
@@ -206,8 +207,23 @@ class ProbeResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProbeResult:
+        """The cached result, or ValueError when the file is not one (the cache is a file anyone
+        may edit or truncate: a malformed one is measured again, never trusted)."""
         devices = [DeviceProbe(**d) for d in data.get("devices", [])]
-        return cls(**{**data, "devices": devices})
+        result = cls(**{**data, "devices": devices})
+        for d in result.devices:
+            if not all(isinstance(sizes, dict) and all(_positive(v) for v in sizes.values())
+                       for sizes in d.matmul_flops.values()):
+                raise ValueError("matmul_flops must map dtypes to sizes to FLOP/s")
+            if d.copy_bytes_per_s is not None and not _positive(d.copy_bytes_per_s):
+                raise ValueError("copy_bytes_per_s must be a positive number")
+        if not isinstance(result.allreduce, dict):
+            raise ValueError("allreduce must be an object")
+        return result
+
+
+def _positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
 def fingerprint(devices: list[str]) -> str:
@@ -246,17 +262,22 @@ def load_cached(devices: list[str]) -> ProbeResult | None:
     path = _cache_path(fingerprint(devices))
     try:
         return ProbeResult.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):
+        return None                             # absent or malformed: measure again
 
 
-def save_cached(result: ProbeResult) -> Path:
+def save_cached(result: ProbeResult) -> Path | None:
+    """Write the result to the cache; None when the cache directory cannot be written (a
+    measurement is still a measurement: it is only not remembered)."""
+    from tensorpilot.errors import TensorpilotError
+    from tensorpilot.files import write_atomic
+
     path = _cache_path(result.fingerprint)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(result.to_json(), indent=1))
-    os.replace(tmp, path)
-    return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return write_atomic(path, json.dumps(result.to_json(), indent=1), "probe cache")
+    except (OSError, TensorpilotError):
+        return None
 
 
 def matmul_dtypes(device: str) -> list[str]:
@@ -309,7 +330,8 @@ def run_probe(devices: list[str], *, sizes: list[int] | None = None, allreduce_n
         except (RuntimeError, OSError, ValueError) as exc:
             result.allreduce = {"error": str(exc)}
             log(f"  all-reduce: not measured ({exc})")
-    save_cached(result)
+    if save_cached(result) is None:
+        log(f"  (not cached: {cache_dir()} is not a writable directory; set TENSORPILOT_CACHE)")
     return result
 
 
@@ -340,8 +362,5 @@ def quick_ceiling(device: str, dtype: str) -> tuple[float, str]:
         probe = DeviceProbe(device=device, name=detect(device).name)
         cached.devices.append(probe)
     probe.matmul_flops.setdefault(dtype, {})[str(n)] = value
-    try:
-        save_cached(cached)
-    except OSError:
-        pass                                   # a read-only cache only costs a re-measurement
+    save_cached(cached)                        # a read-only cache only costs a re-measurement
     return value, f"measured {dtype} matmul ceiling (n={n}, best of 3 medians of 5)"

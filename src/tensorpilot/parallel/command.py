@@ -12,7 +12,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default="tensorpilot",
                    help="Job name (default: tensorpilot). slurm: letters, digits, '.', '_', '-'; k8s: a DNS-1035 "
                         "label (lowercase letters, digits, '-', starting with a letter).")
-    p.add_argument("--out", metavar="FILE", help="Write here (default: <name>.sbatch / <name>.yaml).")
+    p.add_argument("--out", metavar="FILE", help="Write here (default: <name>.sbatch / <name>.yaml); '-' prints "
+                   "the job file on standard output and nothing else, e.g. `--out - | sbatch` or "
+                   "`--out - | kubectl apply -f -` (write ./- for a file named '-').")
     p.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
                    help="Arguments of `tensorpilot train` after `--`, e.g. -- --size large --steps 5000.")
 
@@ -65,6 +67,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         # JSON is valid YAML: two documents, no YAML library needed
         text = "---\n".join(json.dumps(doc, indent=2) + "\n" for doc in (pvc, job))
         suffix = "yaml"
+    if args.out == "-":
+        return _print_job_file(text)
     # the name is validated by now, so the default file name is a plain one in this directory
     out = files.output_file(args.out if args.out is not None else f"{args.name}.{suffix}", "--out")
     files.write_atomic(out, text, "job file")
@@ -72,15 +76,35 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_job_file(text: str) -> int:
+    """``--out -``: the job file alone on standard output, for a pipe into sbatch or kubectl."""
+    import os
+    import sys
+
+    from tensorpilot.errors import TensorpilotError
+
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader stopped early; keep Python's exit-time flush from failing on the closed pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise TensorpilotError("standard output closed before the whole job file was written "
+                               "(--out -): the command reading it stopped early.") from None
+    return 0
+
+
 def _train_args(remainder: list[str] | None) -> list[str]:
-    """The arguments after ``--``, checked by `tensorpilot train`'s own parser so a typo fails
-    here, not in a queued job. argparse only: no value is converted and no path is opened (the
-    paths name the cluster's storage)."""
+    """The arguments after ``--``, checked by `tensorpilot train`'s own parser and then by the
+    run configuration's types and rules, so a typo or an impossible value fails here, not in a
+    queued job. No path is opened: the paths name the cluster's storage."""
     from tensorpilot.errors import ConfigError
+    from tensorpilot.parallel.jobfiles import check_train_args
 
     args = list(remainder or [])
     if args[:1] == ["--"]:
         args = args[1:]
+    check_train_args(args)               # a line break anywhere, before any value is read
     parser = _train_parser()
     try:
         known, unknown = parser.parse_known_args(args)
@@ -92,7 +116,31 @@ def _train_args(remainder: list[str] | None) -> list[str]:
     if "set:run_dir" in vars(known):
         raise ConfigError("the job file sets the run directory itself (slurm: --checkpoint-dir; k8s: the "
                           "checkpoint volume); leave --run-dir out of the train arguments.")
+    try:
+        _check_train_values(known)
+    except ConfigError as exc:
+        raise ConfigError(f"train arguments after --: {exc}") from None
     return args
+
+
+def _check_train_values(known: argparse.Namespace) -> None:
+    """The values given (``--lr nan``, ``--steps 0``, ``--precision fp64``) applied onto a default
+    RunConfig the way `tensorpilot train` applies them, then every section's own validate(),
+    except that data paths are not looked up (they exist on the cluster, maybe not here). Values
+    that --config or --resume would bring are not known here; train checks them on the cluster.
+    Standard library only, like the configuration."""
+    import dataclasses
+
+    from tensorpilot.api import overrides_to_mapping
+    from tensorpilot.config import SECTIONS, RunConfig, apply_mapping
+
+    given = {k[len("set:"):]: v for k, v in vars(known).items() if k.startswith("set:")}
+    cfg = apply_mapping(RunConfig(), overrides_to_mapping(given))
+    for name in SECTIONS:
+        section = getattr(cfg, name)
+        if name == "data":
+            section = dataclasses.replace(section, path=None, targets_path=None)
+        section.validate()
 
 
 class _ParseError(Exception):

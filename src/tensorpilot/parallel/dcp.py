@@ -22,8 +22,11 @@ is read into a distributed run with ``load_single`` below.
 
 from __future__ import annotations
 
+import functools
 import json
+import pickle
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -95,22 +98,102 @@ def load(ckpt: Path, model: nn.Module, optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     meta = ckpt_io.read_meta(ckpt)
-    expected = (meta.get("sha256") or {}).get("state.pt")
-    if not (ckpt / ".metadata").exists() or not expected:
+    sums = meta.get("sha256")
+    expected = sums.get("state.pt") if isinstance(sums, dict) else None
+    if not (ckpt / ".metadata").exists() or not isinstance(expected, str):
         raise CheckpointError(f"checkpoint {str(ckpt)!r} is incomplete: the DCP .metadata or state.pt is missing.")
     if ckpt_io.sha256_file(ckpt / "state.pt") != expected:
         raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: state.pt does not match its checksum.")
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    # the metadata is checked here first: DCP's own reader, on failure, prints tracebacks and
+    # falls back to other files before it gives up
+    try:
+        with open(ckpt / ".metadata", "rb") as fh:
+            _MetadataUnpickler(fh).load()
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is refused: {first_line(exc, 300)}.") from None
+    except Exception as exc:                     # noqa: BLE001 - truncated or garbled
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is damaged: its DCP .metadata cannot be read "
+                              f"({type(exc).__name__}).") from None
     msd, osd = get_state_dict(model, optimizer, options=_options())
     target = {"model": msd, "optim": osd}
     try:
-        # in place: each DTensor / tensor in ``target`` receives the slice this rank owns
-        dcp.load(target, checkpoint_id=str(ckpt))
-    except Exception as exc:        # DCP raises CheckpointException wrapping per-rank errors
-        first = first_line(exc, 300)
-        raise CheckpointError(f"checkpoint {str(ckpt)!r} does not fit this model: {first}.") from None
+        with warnings.catch_warnings():          # "no process group: loading in one process" is the intent
+            warnings.simplefilter("ignore", UserWarning)
+            # in place: each DTensor / tensor in ``target`` receives the slice this rank owns; read
+            # without unpickling anything but DCP's own metadata types (the run directory is data)
+            dcp.load(target, storage_reader=_reader_class()(str(ckpt)), planner=_planner_class()())
+    # CheckpointException (per-rank errors collected by DCP) derives from BaseException
+    except (Exception, CheckpointException) as exc:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is damaged or does not fit this model: "
+                              f"{first_line(exc, 300)}.") from None
     set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"],
                    options=_options())
     return ckpt_io.load_state(ckpt)
+
+
+# What DCP's .metadata may hold: its own dataclasses, and the torch/pathlib values inside them.
+# PyTorch reads the file with plain pickle.load, which would run any code a doctored file names.
+_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                     ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+                     ("pathlib", "PureWindowsPath"), ("builtins", "set"), ("builtins", "frozenset")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        obj = None
+        if module in _METADATA_MODULES or (module, name) in _METADATA_GLOBALS:
+            obj = super().find_class(module, name)
+        elif module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout)):
+            obj = getattr(torch, name)
+        if obj is None or (module in _METADATA_MODULES and not isinstance(obj, type)):
+            raise pickle.UnpicklingError(f"its DCP .metadata names {module}.{name}, which a checkpoint "
+                                         "never holds; tensorpilot does not unpickle it")
+        return obj
+
+
+@functools.cache
+def _reader_class():
+    """Built on first use: torch.distributed.checkpoint takes ~0.6 s to import."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        """DCP's file reader with the .metadata unpickled through an allowlist."""
+
+        def read_metadata(self, *args, **kwargs):
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as fh:
+                metadata = _MetadataUnpickler(fh).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader
+
+
+@functools.cache
+def _planner_class():
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class SafePlanner(DefaultLoadPlanner):
+        """DCP's load planner with non-tensor items (optimizer hyperparameters) read with
+        ``torch.load(weights_only=True)`` instead of DCP's ``weights_only=False``."""
+
+        def load_bytes(self, read_item, value) -> None:
+            loaded = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._traverse import set_element
+
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return SafePlanner
 
 
 def optimizer_names(model: nn.Module, optimizer) -> list[str]:

@@ -64,8 +64,6 @@ def torchrun_args(cfg, config_path: Path) -> list[str]:
 
 def launch_train(cfg, console=None) -> int:
     """Run ``cfg`` on ``nproc`` local processes (per node) through torchrun's agent."""
-    from tensorpilot.config import to_toml
-    from tensorpilot.files import write_atomic
     from tensorpilot.training import rundir
 
     p = cfg.parallel
@@ -76,6 +74,20 @@ def launch_train(cfg, console=None) -> int:
     # directory of its checkpoint), checked before any process starts
     run_dir, _ = rundir.resolve(cfg.run_dir, cfg.resume, cfg.model.name, cfg.model.size)
     cfg.run_dir = str(run_dir)
+    held = rundir.lock(run_dir)             # for the whole group (restarts included); workers inherit it
+    os.environ[rundir.LOCK_ENV] = str(run_dir.resolve())
+    try:
+        return _run_torchrun(cfg, run_dir, console)
+    finally:
+        held.release()
+        os.environ.pop(rundir.LOCK_ENV, None)
+
+
+def _run_torchrun(cfg, run_dir: Path, console) -> int:
+    from tensorpilot.config import to_toml
+    from tensorpilot.files import write_atomic
+
+    p = cfg.parallel
     if cfg.resume == "latest":              # 'latest' means this run's newest checkpoint
         cfg.resume = str(run_dir)
     config_path = run_dir / "launch.toml"

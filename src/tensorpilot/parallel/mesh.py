@@ -105,6 +105,7 @@ class ParallelContext:
     local_rank: int = 0
     device: Any = None
     mesh: Any = None                          # torch DeviceMesh ("dp", "pp", "tp") or None
+    owns_group: bool = False                  # this run created the process group (and ends it)
 
     @property
     def world(self) -> int:
@@ -166,7 +167,8 @@ def init_distributed(pcfg, device_kind: str) -> ParallelContext:
     if cuda:
         torch.cuda.set_device(local_rank)
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
-    if not dist.is_initialized():
+    owns_group = not dist.is_initialized()   # a caller's own group is theirs to destroy
+    if owns_group:
         try:
             # the timeout bounds the store connection and every later collective: a peer that
             # died or never arrived raises instead of blocking forever
@@ -178,4 +180,5 @@ def init_distributed(pcfg, device_kind: str) -> ParallelContext:
             raise DistributedError(f"rank {rank} could not join the process group within "
                                    f"{pcfg.timeout_s:g} s ({first}).") from None
     mesh = init_device_mesh(device.type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=("dp", "pp", "tp"))
-    return ParallelContext(layout=layout, rank=rank, local_rank=local_rank, device=device, mesh=mesh)
+    return ParallelContext(layout=layout, rank=rank, local_rank=local_rank, device=device, mesh=mesh,
+                           owns_group=owns_group)

@@ -233,11 +233,12 @@ class Parallel:
             dist.barrier()
 
     def close(self) -> None:
-        """Leave the process group (once; later calls do nothing)."""
+        """Leave the process group this run created (once; later calls do nothing). A group the
+        caller created before training is left to the caller."""
         if self.active:
             import torch.distributed as dist
 
-            if dist.is_initialized():
+            if self.ctx.owns_group and dist.is_initialized():
                 dist.destroy_process_group()
             self.ctx.mesh = None
 

@@ -26,7 +26,8 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="Preset (see --list-models; tp-gpt-<size> is the built-in gpt) or a config.json "
                         "path (default: llama3-8b).")
     m.add_argument("--hf-config", metavar="config.json", help="Read the model from a Hugging Face config.json "
-                   "(Llama, GPT-2, BERT, MPT fields; transformers not needed). Overrides --model.")
+                   "(Llama, GPT-2, BERT, MPT fields; transformers not needed; mixture-of-experts models are "
+                   "refused). Overrides --model.")
     m.add_argument("--list-models", action="store_true", help="List the presets and exit.")
     h = p.add_argument_group("hardware and layout")
     h.add_argument("--gpu", default=None, metavar="NAME",

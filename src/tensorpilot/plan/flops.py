@@ -1,12 +1,14 @@
 """FLOPs of a transformer from its shapes: the one formula the planner and the trainer share.
 
 A matmul (m, k) @ (k, n) costs 2*m*k*n FLOPs (a multiply and an add per term). Per layer and
-per token (t = b*s tokens, h hidden, kv = K/V width, f MLP width), forward:
+per token (t = b*s tokens, h hidden, q = Q width, kv = K/V width, f MLP width), forward:
 
-    Q, K, V projections   2 h (h + 2 kv)         (GQA: kv < h)
-    attention output      2 h h
+    Q, K, V projections   2 h (q + 2 kv)         (GQA: kv < q)
+    attention output      2 q h
     MLP                   2 h f x 2 (GeLU: up, down) or x 3 (SwiGLU: gate, up, down)
-    scores Q K^T, A V     2 x 2 s h              ("full" convention: every one of the s x s scores)
+    scores Q K^T, A V     2 x 2 s q              ("full" convention: every one of the s x s scores)
+
+q = heads x head_dim, which is h except in models whose heads are wider (Gemma 7B: 4096 vs 3072).
 
 plus the output head 2 h V per token. Backward is two matmuls of each forward one (gradient of
 the input and of the weight), so a training step is 3 x forward -- the model FLOPs of PaLM's MFU
@@ -54,17 +56,18 @@ class Gemm(NamedTuple):
 def layer_gemms(spec: ModelSpec, tokens: int, tp: int = 1) -> list[Gemm]:
     """The weight matmuls of one block's forward on ``tokens`` rows, split Megatron-style over
     ``tp`` ranks (QKV and MLP-up by columns, output and MLP-down by rows)."""
-    h, f, kv = spec.hidden, spec.ffn_hidden, spec.kv_dim
+    h, f, q, kv = spec.hidden, spec.ffn_hidden, spec.q_dim, spec.kv_dim
     up = 2 * f if spec.mlp == "swiglu" else f        # gate and up fused: (h, 2f)
-    return [Gemm("qkv", tokens, h, (h + 2 * kv) // tp), Gemm("attn_out", tokens, h // tp, h),
+    return [Gemm("qkv", tokens, h, (q + 2 * kv) // tp), Gemm("attn_out", tokens, q // tp, h),
             Gemm("mlp_up", tokens, h, up // tp), Gemm("mlp_down", tokens, f // tp, h)]
 
 
 def attention_core_flops(spec: ModelSpec, batch: int, seq_len: int, attention: str = "full") -> int:
-    """Forward FLOPs of Q K^T and A V for one layer: 2 x 2 b s^2 h ("causal": half of it)."""
+    """Forward FLOPs of Q K^T and A V for one layer: 2 x 2 b s^2 (a x head_dim), which is h unless
+    the heads are wider ("causal": half of it)."""
     if attention not in _ATTENTION:
         raise ValueError(f"attention convention must be one of {_ATTENTION}, not {attention!r}")
-    full = 2 * 2 * batch * seq_len * seq_len * spec.hidden
+    full = 2 * 2 * batch * seq_len * seq_len * spec.q_dim
     return full // 2 if attention == "causal" else full
 
 

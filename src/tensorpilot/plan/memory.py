@@ -97,12 +97,12 @@ def layer_activation_bytes(spec: ModelSpec, *, seq_len: int, micro_batch: int, t
     Stored tensors per token, e = act_bytes (Korthikanti's GPT case gives 34 s b h at e = 2):
       replicated under TP unless sequence-parallel: norm-1 input h, QKV input h, norm-2 input h,
         MLP input h (e each); dropout masks after attention and MLP, h each (1 byte);
-      split by TP: Q, K h + kv, V kv, attention output h, MLP: GeLU input f + down input f
+      split by TP: Q h, K kv, V kv, attention output h (each h is a x head_dim, = h usually), MLP: GeLU input f + down input f
         (SwiGLU: gate, up and their product, 3f);
       attention core: materialised -> softmax output a s (e) + dropout mask a s (1) + dropout
         output a s (e); flash -> a row log-sum-exp (4 bytes per head).
     """
-    h, f, kv, a = spec.hidden, spec.ffn_hidden, spec.kv_dim, spec.heads
+    h, f, q, kv, a = spec.hidden, spec.ffn_hidden, spec.q_dim, spec.kv_dim, spec.heads
     tokens = seq_len * micro_batch
     sp_div = tp if sequence_parallel else 1
     if recompute == "full":                     # only the block's input survives
@@ -111,7 +111,7 @@ def layer_activation_bytes(spec: ModelSpec, *, seq_len: int, micro_batch: int, t
     mask = 1 if spec.dropout else 0
     replicated = 4 * h * e + 2 * h * mask
     mlp = (3 if spec.mlp == "swiglu" else 2) * f * e
-    split = (h + kv + kv + h) * e + mlp
+    split = (q + kv + kv + q) * e + mlp
     if attention == "flash":
         core = 4 * a
     else:

@@ -32,7 +32,8 @@ class UnknownModelError(ConfigError, LookupError):
 # (low, high) of each shape field; limits.py gives the reasons for the bounds
 _SHAPE_LIMITS = {"hidden": (1, MAX_DIM), "layers": (1, MAX_DIM), "heads": (1, MAX_DIM), "vocab": (1, MAX_DIM),
                  "ffn_hidden": (1, MAX_DIM), "kv_heads": (0, MAX_DIM), "max_seq_len": (1, MAX_SEQ_LEN),
-                 "learned_positions": (0, MAX_SEQ_LEN), "extra_params": (0, MAX_DIM**2)}
+                 "learned_positions": (0, MAX_SEQ_LEN), "extra_params": (0, MAX_DIM**2),
+                 "attn_head_dim": (0, MAX_DIM)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +47,8 @@ class ModelSpec:
     vocab: int                      # V, embedding rows (Megatron pads to a multiple of 128 x tp)
     ffn_hidden: int                 # f, MLP inner width (4h for GPT; 8h/3 rounded for Llama)
     kv_heads: int = 0               # key/value heads; 0 = heads (multi-head attention), < heads = GQA
+    attn_head_dim: int = 0          # width of one head when it is not h/a (Gemma 7B: 16 heads x 256 = 4096
+                                    # on a 3072-wide model); 0 = h/a
     mlp: str = "gelu"               # "gelu": up + down (2 matrices); "swiglu": gate + up + down (3)
     tied_embeddings: bool = False   # output head shares the embedding matrix
     learned_positions: int = 0      # rows of a learned position table (GPT-2, BERT); 0 = RoPE/ALiBi
@@ -60,7 +63,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for f, (low, high) in _SHAPE_LIMITS.items():
             check_count(f"model {self.name!r}: {f}", getattr(self, f), high, low)
-        if self.hidden % self.heads:
+        if self.hidden % self.heads and not self.attn_head_dim:
             raise ConfigError(f"model {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}.")
         if self.kv_heads and self.heads % self.kv_heads:
             raise ConfigError(f"model {self.name!r}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}.")
@@ -69,7 +72,12 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.attn_head_dim or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q and of the attention output: heads x head_dim; = h unless attn_head_dim says."""
+        return self.heads * self.head_dim
 
     @property
     def n_kv_heads(self) -> int:
@@ -89,11 +97,11 @@ class ModelSpec:
     @property
     def layer_params(self) -> int:
         """One block: attention (q, k, v, out), MLP, two norms."""
-        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
-        attn = h * (h + 2 * kv) + h * h                       # W_qkv (h, h + 2kv), W_o (h, h)
+        h, f, q, kv = self.hidden, self.ffn_hidden, self.q_dim, self.kv_dim
+        attn = h * (q + 2 * kv) + q * h                       # W_qkv (h, q + 2kv), W_o (q, h); q = h usually
         mlp = self.mlp_matrices * h * f
         norms = 2 * h * (2 if self.bias else 1)              # LayerNorm: scale + shift; RMSNorm: scale
-        biases = (h + 2 * kv) + h + (self.mlp_matrices - 1) * f + h if self.bias else 0
+        biases = (q + 2 * kv) + h + (self.mlp_matrices - 1) * f + h if self.bias else 0
         return attn + mlp + norms + biases
 
     @property
@@ -115,9 +123,9 @@ class ModelSpec:
     @property
     def n_matmul_params(self) -> int:
         """Weights that take part in a matmul per token: blocks + the output head (tied or not)."""
-        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
+        h, f, q, kv = self.hidden, self.ffn_hidden, self.q_dim, self.kv_dim
         head = self.vocab * h if self.lm_head else 0
-        return self.layers * (h * (h + 2 * kv) + h * h + self.mlp_matrices * h * f) + head
+        return self.layers * (h * (q + 2 * kv) + q * h + self.mlp_matrices * h * f) + head
 
 
 def _gpt(name, h, L, a, V, *, s=2048, tied=False, pos=0, bias=True, dropout=False, source=""):
@@ -305,8 +313,9 @@ class _Fields:
 
 def model_spec_from_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
     """Read a Hugging Face ``config.json`` (Llama/Mistral/Qwen, GPT-2, BERT, MPT field names)
-    without transformers. A missing, unreadable or malformed file, or a field of the wrong type
-    or out of range, raises one sentence naming the file and the field."""
+    without transformers. A missing, unreadable or malformed file, a field of the wrong type or
+    out of range, or a mixture-of-experts model (not modelled) raises one sentence naming the file
+    and the field."""
     p = Path(path)
     where = f"config file {str(p)!r}"
     cfg = _read_json_object(p)
@@ -323,7 +332,9 @@ def model_spec_from_hf_config(path: str | Path, *, name: str | None = None) -> M
             if isinstance(cfg.get("text_config"), dict) else ""
         raise ConfigError(f"{where} lacks {', '.join(missing)}{nested}; "
                           "only Llama, GPT-2, BERT and MPT-style configs are understood.")
-    if h % a:
+    _refuse_experts(get, where)
+    head_dim = get.whole("head_dim")                     # Gemma, Qwen3, Mistral Nemo: may differ from h/a
+    if head_dim is None and h % a:
         raise ConfigError(f"{where}: num_attention_heads {a} does not divide hidden_size {h}.")
     act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "gelu").lower()
     gated = kind in ("llama", "mistral", "qwen2", "gemma", "mixtral") or act in ("silu", "swiglu")
@@ -331,6 +342,9 @@ def model_spec_from_hf_config(path: str | Path, *, name: str | None = None) -> M
     if f is None:              # MPT: expansion_ratio x d_model; GPT-2 leaves n_inner null for 4h
         f = round(get.number("expansion_ratio", 4, minimum=1 / h, maximum=MAX_DIM) * h)
     kv = get.whole("num_key_value_heads", default=0, minimum=0)
+    if kv == 0 and cfg.get("num_key_value_heads") is not None:
+        raise ConfigError(f"{where}: num_key_value_heads is 0, and attention needs at least one key/value "
+                          "head; leave the field out for one per attention head.")
     if kv and a % kv:
         raise ConfigError(f"{where}: num_key_value_heads {kv} does not divide num_attention_heads {a}.")
     learned = 0
@@ -346,10 +360,33 @@ def model_spec_from_hf_config(path: str | Path, *, name: str | None = None) -> M
     tied = get.flag("tie_word_embeddings", kind in ("gpt2", "bert", "mpt"))
     bias = kind in ("gpt2", "bert") or get.flag("attention_bias", False) or get.flag("no_bias", True) is False
     is_bert = kind == "bert"
+    wide_heads = head_dim if head_dim is not None and head_dim * a != h else 0
     return ModelSpec(name=name or p.parent.name or p.stem, hidden=h, layers=L, heads=a, vocab=V, ffn_hidden=f,
-                     kv_heads=kv, mlp="swiglu" if gated else "gelu", tied_embeddings=tied,
+                     kv_heads=kv, attn_head_dim=wide_heads, mlp="swiglu" if gated else "gelu", tied_embeddings=tied,
                      learned_positions=learned, bias=bias, dropout=drop, causal=not is_bert, lm_head=not is_bert,
                      extra_params=h * h + h if is_bert else 0, max_seq_len=seq, source=f"Hugging Face config {p}")
+
+
+# fields that give a mixture-of-experts model's expert count (Mixtral, gpt-oss, Llama 4; Qwen-MoE,
+# OLMoE, Jamba; DeepSeek V2/V3; DBRX under "ffn_config")
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _refuse_experts(get: _Fields, where: str) -> None:
+    """One sentence for a mixture-of-experts config: the planner's formulas are for dense
+    transformers, and planning one as dense would undercount its weights by about the number of
+    experts (Mixtral 8x7B: 7B instead of 47B), so memory verdicts would be wrong. A count of 0 or
+    1 is a dense model."""
+    ffn = get.cfg.get("ffn_config")
+    for fields in (get, _Fields(ffn, f"{where}: ffn_config") if isinstance(ffn, dict) else None):
+        if fields is None:
+            continue
+        for key in _EXPERT_FIELDS:
+            experts = fields.whole(key, default=0, minimum=0)
+            if experts > 1:
+                raise ConfigError(f"{fields.where}: {key} is {experts}: a mixture-of-experts model, which the "
+                                  "planner does not model (its formulas are for dense transformers, and "
+                                  "planning it as one would count one expert's weights, not all of them).")
 
 
 def custom_model(name: str, **shape) -> ModelSpec:

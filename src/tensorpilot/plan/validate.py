@@ -19,8 +19,8 @@ How a row becomes a prediction, with every rule stated (none is per row):
   interleaved schedule.
 
 A row the planner cannot model (an unknown label, accelerator or metric, a malformed number, a
-missing column, a layout that cannot run) is reported with its reason and predicted as n/a; the
-other rows are predicted all the same. Only a file that is not a published-runs CSV at all
+size that is zero or negative, a missing column, a layout that cannot run) is reported with its
+reason and predicted as n/a; the other rows are predicted all the same. Only a file that is not a published-runs CSV at all
 (missing, unreadable, not CSV text, no header or no rows) stops the command.
 """
 
@@ -63,6 +63,10 @@ _SHARDINGS = {"none": "none", "": "none", "ddp (no sharding)": "none", "zero-1":
 _MAX_INT = 10**9
 # columns without which a file is not a published-runs CSV at all; any other may be blank per row
 REQUIRED_COLUMNS = ("id", "metric", "value", "unit", "params_b", "n_gpus")
+# counts that are at least 1 in any run (kv_heads too: a blank one means one per head); a blank
+# column takes its default, a zero or negative one makes the row not modelled
+POSITIVE_COLUMNS = ("hidden", "layers", "heads", "vocab", "ffn_hidden", "kv_heads", "n_gpus", "tp", "pp", "dp",
+                    "seq_len", "global_batch", "micro_batch")
 
 
 @dataclass(slots=True)
@@ -166,6 +170,18 @@ def _check_shape(row) -> None:
         raise ConfigError(f"the row lacks the columns {', '.join(absent[:3])}{more}")
 
 
+def _check_sizes(row) -> None:
+    """Every size the row gives is positive, whether or not its metric uses it: a row that says
+    params_b = -5 or tp = 0 is a typo or a different file, not a run to predict."""
+    params_b = _number(row, "params_b")
+    if params_b is not None and params_b <= 0:
+        raise ConfigError(f"column 'params_b' is {_text(row, 'params_b')[:40]!r}, not a positive number")
+    for key in POSITIVE_COLUMNS:
+        value = _int(row, key, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"column {key!r} is {_text(row, key)[:40]!r}, not a positive whole number")
+
+
 def _spec(row) -> ModelSpec | None:
     if not _text(row, "hidden"):
         return None
@@ -247,6 +263,7 @@ def _predict(row, result: RowResult) -> float | None:
     from tensorpilot.plan.predict import SHARDINGS, predict
 
     _check_shape(row)
+    _check_sizes(row)
     if result.metric not in METRIC_KINDS or result.unit not in UNITS:
         raise ConfigError(f"metric {result.metric!r} / unit {result.unit!r} is not one the planner predicts")
     if result.published is None:
@@ -255,18 +272,15 @@ def _predict(row, result: RowResult) -> float | None:
     spec = _spec(row)
     params_b = _number(row, "params_b")
     prec_name = _precision(_text(row, "precision"))
-    if spec is None and not (params_b and params_b > 0):
-        raise ConfigError("the row has neither a model shape nor a positive params_b")
+    if spec is None and params_b is None:
+        raise ConfigError("the row has neither a model shape nor params_b")
     if result.metric == "weights_memory":
         dtype = mem.precision(prec_name).compute
         n = spec.n_params if spec else params_b * 1e9
         return mem.weights_bytes(n, "fp32" if dtype == "tf32" else dtype) / scale
     if result.metric == "model_state_memory_per_gpu" and spec is None:
-        dp = _int(row, "dp", 1)
-        if dp < 1:
-            raise ConfigError(f"column 'dp' is {dp}, not a positive number")
         states = mem.model_state_bytes(params_b * 1e9, mem.precision(prec_name),
-                                       zero_stage=SHARDINGS[_sharding(row)], dp=dp)
+                                       zero_stage=SHARDINGS[_sharding(row)], dp=_int(row, "dp", 1))
         return sum(states.values()) / scale
     if spec is None:
         raise ConfigError("the row has no model shape (hidden, layers, heads, vocab)")

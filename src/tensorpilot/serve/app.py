@@ -282,19 +282,11 @@ def _describe_sizes(sizes: list[int]) -> str:
 
 
 def sample_next(logits, temperature: float, top_k: int, generator) -> int:
-    """Next token from (1, V) logits: greedy at temperature 0, else top-k sampling; the same
-    operations in the same order as GPT.generate, so a seed gives the same text as
-    `tensorpilot generate` up to batched-vs-single float rounding."""
-    import torch
-    from torch.nn import functional as F
+    """Next token from (1, V) logits by GPT.generate's own sampler, so a seed gives the same text
+    as `tensorpilot generate` up to batched-vs-single float rounding."""
+    from tensorpilot.workloads.gpt import next_token
 
-    if temperature <= 0:
-        return int(logits.argmax(dim=-1)[0])
-    logits = logits / temperature
-    if top_k:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return int(torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)[0, 0])
+    return int(next_token(logits.float(), temperature, top_k, generator)[0, 0])
 
 
 # ----------------------------------------------------------------------------- the app

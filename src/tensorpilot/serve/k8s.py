@@ -238,12 +238,15 @@ def _check_plain_options(args) -> None:
 
 def manifests(args) -> dict[str, dict[str, Any]]:
     """file name -> manifest, from `tensorpilot deploy k8s` arguments."""
-    from tensorpilot.serve.model import check_factory, check_name, default_model_name, describe_run, parse_shape
+    from tensorpilot.serve.model import (check_factory, check_name, check_one_process, default_model_name,
+                                         describe_run, parse_shape)
     from tensorpilot.training import checkpoint as ckpt_io
 
     _check_plain_options(args)
     ckpt = ckpt_io.find_checkpoint(existing_path(args.run, "--run", kind="dir"))
-    kind, recorded = describe_run(ckpt_io.read_meta(ckpt), ckpt)
+    meta = ckpt_io.read_meta(ckpt)
+    check_one_process(args.run, ckpt, meta)             # the pods' serve could not load it
+    kind, recorded = describe_run(meta, ckpt)
     fixed = ["--run", MOUNT, "--host", "0.0.0.0", "--port", str(PORT)]
     serve_args, ns = parse_serve_args(args.serve_args, fixed)
     try:

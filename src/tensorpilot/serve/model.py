@@ -163,6 +163,12 @@ class _Meta:
         return kind, self.get(model, "name", str, "config.model.name", default=kind)
 
 
+def check_one_process(run: str, ckpt: Path, meta: dict) -> None:
+    from tensorpilot.training.checkpoint import require_one_process
+
+    require_one_process(run, ckpt, meta, "serving")
+
+
 def describe_run(meta: dict, ckpt: Path) -> tuple[str, str]:
     """(kind, recorded model name) of a checkpoint, type-checked (also used by deploy k8s)."""
     return _Meta(meta, ckpt).kind_and_name()
@@ -270,6 +276,7 @@ def _run_checkpoint(run: str, factory: str | None, shape: tuple[int, ...] | None
 
     ckpt = ckpt_io.find_checkpoint(existing_path(run, "--run", kind="dir"))
     m = _Meta(ckpt_io.read_meta(ckpt), ckpt)
+    check_one_process(run, ckpt, m.meta)
     kind, recorded = m.kind_and_name()
     check_factory(run, kind, recorded, factory)
     if kind == "gpt" and shape is not None:

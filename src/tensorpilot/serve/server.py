@@ -3,7 +3,7 @@ port before the first request.
 
 Shutdown drains: every request the server accepted gets an HTTP answer.
 
-1. First SIGTERM/SIGINT: the *drain window* (``drain_window_s``) starts. The listener stays
+1. First SIGTERM/SIGINT/SIGHUP: the *drain window* (``drain_window_s``) starts. The listener stays
    open; new infer/generate requests get 503 + Retry-After, readiness turns 503, requests already
    queued or computing finish, and every response closes its connection (app.py).
 2. When the window ends, uvicorn's own shutdown runs: stop accepting, close idle connections,
@@ -14,15 +14,20 @@ Why a window: uvicorn alone closes every connection that has no request in progr
 the signal arrives, and a keep-alive client whose next request is already on the wire loses it
 (RFC 9112 section 9.3.1 leaves retrying to the client). Kubernetes keeps routing to a pod for a
 moment after SIGTERM while its endpoint is removed, so a server should keep answering briefly.
-A second SIGINT exits at once.
+A second SIGINT exits at once. SIGHUP (the terminal or SSH session that started the server
+closed, or `kill -HUP`) stops the server the same way as SIGTERM: uvicorn captures only SIGINT
+and SIGTERM, and Python's default for SIGHUP would end the process at once, dropping requests
+(under `nohup`, which ignores SIGHUP, it stays ignored).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
+import threading
 import time
 from typing import Callable
 
@@ -31,6 +36,8 @@ import uvicorn
 from tensorpilot.errors import UsageError, first_line
 from tensorpilot.serve.config import ServeConfig
 
+# stop signals beyond uvicorn's own SIGINT and SIGTERM (Windows has no SIGHUP)
+EXTRA_STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGHUP", None),) if s is not None)
 # after the listener closes: time for a connection accepted just before to deliver its request,
 # which is then answered rather than dropped with the idle connections
 LAST_ACCEPTED_GRACE_S = 0.1
@@ -70,6 +77,12 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def _stop_signals_not_ignored() -> list[int]:
+    """EXTRA_STOP_SIGNALS but those this process was told to ignore: under `nohup` SIGHUP is
+    ignored on purpose, and a closed terminal must not stop the server then."""
+    return [s for s in EXTRA_STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with a drain window between the first signal and its shutdown."""
 
@@ -81,6 +94,22 @@ class DrainingServer(uvicorn.Server):
         self.log = log
         self.drain_until: float | None = None
         self._drain_logged = False
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """uvicorn's capture (SIGINT, SIGTERM; re-raised after shutdown) plus EXTRA_STOP_SIGNALS,
+        handled the same way. Ours are restored before uvicorn re-raises what it captured, so a
+        re-raised SIGHUP reaches the handler run() installed, not this server again."""
+        with super().capture_signals():
+            if threading.current_thread() is not threading.main_thread():   # signals: main thread only
+                yield
+                return
+            previous = {s: signal.signal(s, self.handle_exit) for s in _stop_signals_not_ignored()}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
 
     def handle_exit(self, sig: int, frame) -> None:
         if self.drain_until is None and not self.should_exit and self.drain_window_s > 0:
@@ -127,17 +156,18 @@ def make_server(app, sock: socket.socket, cfg: ServeConfig, *, on_drain: Callabl
 
 
 def run(app, cfg: ServeConfig, log: Callable[[str], None] = print, model_name: str = "model") -> bool:
-    """Bind, print the URL, serve until SIGTERM/SIGINT, drain, shut down gracefully. False when a
-    second SIGINT cut the shutdown short."""
+    """Bind, print the URL, serve until SIGTERM/SIGINT/SIGHUP, drain, shut down gracefully. False
+    when a second SIGINT cut the shutdown short."""
     sock = bind(cfg.host, cfg.port)
     url = url_of(sock)
     log(f"serving {model_name!r} at {url}  (POST {url}/v2/models/{model_name}/infer; "
         f"ready at {url}/v2/health/ready after warm-up)")
     server = make_server(app, sock, cfg, on_drain=app.state.tp.begin_drain, log=log)
-    # uvicorn handles SIGTERM/SIGINT itself, then re-raises the signal once shut down; with these
-    # no-op handlers in place the re-raise is harmless and a drained server exits 0 (Kubernetes
-    # sends SIGTERM on every scale-down: that is a normal stop, not a failure).
-    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    # the server handles SIGTERM/SIGINT/SIGHUP itself, then re-raises the signal once shut down;
+    # with these no-op handlers in place the re-raise is harmless and a drained server exits 0
+    # (Kubernetes sends SIGTERM on every scale-down: that is a normal stop, not a failure).
+    previous = {s: signal.signal(s, lambda *_: None)
+                for s in (signal.SIGTERM, signal.SIGINT, *_stop_signals_not_ignored())}
     try:
         server.run(sockets=[sock])
     finally:

@@ -343,19 +343,20 @@ def load_cached(key: str) -> Candidate | None:
     try:
         data = json.loads(path.read_text())
         return Candidate(**data["chosen"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None                       # absent or unreadable cache: tune again
 
 
 def save_cached(key: str, chosen: Candidate, context: dict[str, Any]) -> Path | None:
+    from tensorpilot.errors import TensorpilotError
+    from tensorpilot.files import write_atomic
+
     path = cache_path(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"chosen": asdict(chosen), "context": context}, indent=1))
-        tmp.replace(path)
-        return path
-    except OSError:
+        return write_atomic(path, json.dumps({"chosen": asdict(chosen), "context": context}, indent=1),
+                            "autotune cache")
+    except (OSError, TensorpilotError):
         return None
 
 

@@ -112,7 +112,8 @@ def find_checkpoint(path: str | Path) -> Path:
             raise CheckpointError(f"{str(path)!r} is a file, not a run or checkpoint directory.")
         if (p / "meta.json").exists() or STEP_DIR.match(p.name):
             return p
-        ckpts = list_checkpoints(p / "checkpoints")
+        # RUN or RUN/checkpoints
+        ckpts = list_checkpoints(p if p.name == "checkpoints" else p / "checkpoints")
     except OSError as exc:
         raise CheckpointError(f"cannot read {str(path)!r}: {os_reason(exc)}.") from None
     if not ckpts:
@@ -163,17 +164,24 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
         return meta
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {str(ckpt)!r} is incomplete: meta.json is missing.") from None
+    except RecursionError:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: meta.json is nested too deeply.") from None
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: cannot read meta.json ({exc}).") from None
+        # Python's own advice for thousands-digit numbers (sys.set_int_max_str_digits) is not ours
+        why = "a number with thousands of digits" if "int_max_str_digits" in str(exc) else first_line(exc)
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: cannot read meta.json ({why}).") from None
 
 
 def verify(ckpt: Path, meta: dict[str, Any]) -> None:
+    sums = meta.get("sha256")
+    if not isinstance(sums, dict):
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: meta.json has no checksums.")
     for f in FILES:
         path = ckpt / f
         if not path.exists():
             raise CheckpointError(f"checkpoint {str(ckpt)!r} is incomplete: {f} is missing.")
-        expected = (meta.get("sha256") or {}).get(f)
-        if not expected:
+        expected = sums.get(f)
+        if not isinstance(expected, str) or not expected:
             raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: meta.json has no checksum for {f}.")
         if sha256_file(path) != expected:
             raise CheckpointError(f"checkpoint {str(ckpt)!r} is corrupt: {f} does not match its checksum.")
@@ -191,6 +199,34 @@ def load_weights(ckpt: Path, model) -> None:
         detail = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:300]
         raise CheckpointError(f"checkpoint {str(ckpt)!r} does not fit this model: "
                               f"{detail or type(exc).__name__}.") from None
+
+
+def require_one_process(run: str, ckpt: Path, meta: dict[str, Any], purpose: str) -> None:
+    """A CheckpointError if ``ckpt`` (found from ``run``) was written by a distributed run, with
+    the command that turns it into a one-process checkpoint: resuming in one process for one more
+    step (a one-process run saves model.safetensors; DCP reads into any world size)."""
+    if meta.get("format") != "dcp":
+        return
+    import shlex
+
+    step = meta.get("step")
+    if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**62):
+        step = step_of(ckpt)
+    steps = str(step + 1) if step is not None else "<its step + 1>"
+    resume = f"tensorpilot train --resume {shlex.quote(run)} --steps {steps}"
+    if Path(run).expanduser() == ckpt:            # a checkpoint directory, not a run directory
+        if ckpt.parent.name == "checkpoints":     # the new step lands in its run directory
+            then = f"then give --run {shlex.quote(str(ckpt.parent.parent))}"
+        else:
+            new_dir = str(ckpt.with_name(ckpt.name + "-1proc"))
+            resume += f" --run-dir {shlex.quote(new_dir)}"
+            then = f"then give --run {shlex.quote(new_dir)}"
+    else:
+        then = "then run this command again"
+    raise CheckpointError(f"checkpoint {str(ckpt)!r} was written by a distributed run (train --nproc > 1: "
+                          f"sharded DCP files, no model.safetensors), and {purpose} reads one-process "
+                          f"checkpoints only: train it one more step in one process, `{resume}`, "
+                          f"which saves one, {then}.")
 
 
 def weight_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:

@@ -43,16 +43,19 @@ class MemoryEstimate:
 
 
 def guard(build: Callable[[], nn.Module], train_data: Any, meta: dict, loss_fn: Callable | None, *,
-          device: torch.device, batch_size: int, seed: int, half_precision: bool, share: int = 1,
-          states_split: int = 1, activations_split: int = 1) -> nn.Module:
+          device: torch.device, batch_size: int, seed: int, half_precision: bool, grad_accum: int = 1,
+          share: int = 1, states_split: int = 1, activations_split: int = 1) -> nn.Module:
     """Check the run fits, then return ``build()``: the built-in gpt from its shape
     (``meta["gpt"]``), anything else traced on the meta device -- ``build`` runs once under
     ``torch.device("meta")`` (a user's factory returns its model already built: then a meta copy
     of it is traced). A model meta tensors cannot run goes ahead unchecked. Also checks that a
-    tensor dataset's class targets fit the model's outputs (default cross-entropy loss)."""
+    tensor dataset's class targets fit the model's outputs (default cross-entropy loss). A step
+    holds its ``grad_accum`` micro-batches on the device at once: their inputs count too."""
+    batch = meta_batch(train_data, batch_size, seed)
+    held = (grad_accum - 1) * _bytes(batch)
     if "gpt" in meta:
         est = estimate_gpt(meta["gpt"], batch_size, half_precision, materialized_attention=device.type == "cpu")
-        check(scaled(est, states_split, activations_split), device, share=share)
+        check(scaled(_plus(est, held), states_split, activations_split), device, share=share)
         return build()
     from tensorpilot.observe.flops import meta_copy
     from tensorpilot.workloads.base import cross_entropy
@@ -66,16 +69,30 @@ def guard(build: Callable[[], nn.Module], train_data: Any, meta: dict, loss_fn: 
         outputs.append(out.shape if isinstance(out, torch.Tensor) else None)
         return (loss_fn or cross_entropy)(out, y)
     try:
-        est = estimate_traced(traced, meta_batch(train_data, batch_size, seed), loss,
-                              act_bytes=2 if half_precision else None)
+        est = estimate_traced(traced, batch, loss, act_bytes=2 if half_precision else None)
     except Exception:                   # noqa: BLE001 - an op without a meta kernel: no estimate
         est = None
     if est is not None:
-        check(scaled(est, states_split, activations_split), device, share=share)
+        check(scaled(_plus(est, held), states_split, activations_split), device, share=share)
         if loss_fn is None and outputs and outputs[0]:
             check_class_targets(train_data, outputs[0][-1])
     del traced, shadow
     return build()
+
+
+def _bytes(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) batch."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_bytes(o) for o in obj.values())
+    return 0
+
+
+def _plus(est: MemoryEstimate, activations_bytes: float) -> MemoryEstimate:
+    return MemoryEstimate(est.states_bytes, est.activations_bytes + activations_bytes, est.method)
 
 
 def meta_batch(train_data: Any, batch_size: int, seed: int) -> Any:

@@ -27,7 +27,7 @@ from tensorpilot.errors import ConfigError
 from tensorpilot.files import writable_dir, write_atomic
 from tensorpilot.training import checkpoint as ckpt_io
 
-__all__ = ["new_run_dir", "resolve", "prepare", "SUPERSEDED"]
+__all__ = ["new_run_dir", "resolve", "prepare", "lock", "SUPERSEDED"]
 
 SUPERSEDED = "superseded"
 # files of a run besides its checkpoints (launch.toml is written by this run's launcher: kept)
@@ -64,10 +64,54 @@ def resolve(run_dir: str | None, resume: str | None, model_name: str, size: str)
 
 
 def _inside(ckpt: Path, run_dir: Path) -> bool:
+    # the step directory's own parent (a symlinked step directory is still this run's entry)
     try:
-        return ckpt.resolve().parent == (run_dir / "checkpoints").resolve()
+        return ckpt.parent.resolve() == (run_dir / "checkpoints").resolve()
     except OSError:
         return False
+
+
+LOCK_FILE = ".lock"
+LOCK_ENV = "TENSORPILOT_RUN_LOCKED"     # the launcher holds the lock for its workers
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``RUN/.lock`` for as long as a run writes to the directory:
+    two runs in one directory would prune and replace each other's checkpoints. The kernel
+    drops the lock when the process ends however it ends, so a crash leaves no stale lock.
+    (flock is local to one machine: on a shared file system, nodes do not see each other's.)"""
+
+    def __init__(self, run_dir: Path):
+        self.fh = None
+        if os.environ.get(LOCK_ENV) == str(run_dir.resolve()):
+            return                               # a worker of the launcher that holds it
+        try:
+            import fcntl
+        except ImportError:                      # no flock (Windows): unguarded
+            return
+        fh = open(run_dir / LOCK_FILE, "a+", encoding="ascii")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise ConfigError(f"run directory {str(run_dir)!r} is in use by another tensorpilot run "
+                              f"(process {holder}); wait for it to end or use another --run-dir.") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self.fh = fh
+
+    def release(self) -> None:
+        if self.fh is not None:
+            self.fh.close()                      # closing the file drops the flock
+            self.fh = None
+
+
+def lock(run_dir: Path) -> RunLock:
+    return RunLock(run_dir)
 
 
 def _aside_dir(run_dir: Path) -> Path:

@@ -27,7 +27,7 @@ from rich.table import Table
 
 from tensorpilot import __version__
 from tensorpilot.config import RunConfig, to_toml
-from tensorpilot.errors import ConfigError, TensorpilotError, TrainingAborted, first_line
+from tensorpilot.errors import ConfigError, TensorpilotError, TrainingAborted, exit_at_once, first_line
 from tensorpilot.hardware.device import detect, resolve_device
 from tensorpilot.observe import memory as mem
 from tensorpilot.observe.flops import train_step_flops
@@ -101,6 +101,9 @@ class Trainer:
                                   f"with --steps (now {cfg.train.steps}), e.g. --steps {2 * saved['step']}.")
         # a run directory named after the clock: rank 0's name everywhere; checked before any work
         self.run_dir = writable_dir(self.par.same_everywhere(str(run_dir)), "run directory")
+        if self.par.is_main:                            # one run at a time writes here
+            writable_dir(self.run_dir / "checkpoints", "checkpoint directory")
+            self._lock = rundir.lock(self.run_dir)
 
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
@@ -207,6 +210,7 @@ class Trainer:
         return fits.guard(
             build, train_data, meta, loss_fn, device=self.device, batch_size=self.cfg.data.batch_size,
             seed=self.cfg.train.seed, half_precision=self.choice.autocast is not None,
+            grad_accum=self.cfg.engine.grad_accum,
             # ranks of one machine share its host memory; GPUs are one per process
             share=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.device.type == "cpu" else 1,
             states_split=lay.tp * lay.pp * (lay.dp if lay.sharding == "fsdp" else 1), activations_split=lay.tp)
@@ -323,9 +327,10 @@ class Trainer:
         the process group are released on the way out."""
         previous, progress = None, None
         try:
+            previous = self._install_signal_handlers()
             if not hasattr(self, "model"):
                 self.setup()
-            previous = self._install_signal_handlers()
+            self._started = True                        # from here a stop signal saves a checkpoint
             progress = TrainProgress(self.console, self.cfg.train.steps, self.step,
                                      self.cfg.logging.progress if self.par.is_main else "off",
                                      self.cfg.train.log_interval)
@@ -338,6 +343,8 @@ class Trainer:
             self._restore_signal_handlers(previous)
             if hasattr(self, "metrics"):
                 self.metrics.close()
+            if hasattr(self, "_lock"):
+                self._lock.release()
             if hasattr(self, "par"):
                 self.par.close()
         self.print_summary(summary)
@@ -442,19 +449,22 @@ class Trainer:
         model.eval()
         it = iter(val if isinstance(val, torch.utils.data.DataLoader)
                   else loader.make_loader(val, self.cfg.data.batch_size, 0, 0, False, self.cfg.train.seed + 1))
-        losses = []
+        total, n = torch.zeros((), device=self.device), 0
         for _ in range(self.cfg.train.eval_batches):
+            if self._stop_signal is not None and not self.par.pipelined:
+                break                                   # a stop signal does not wait out a long evaluation
             try:
                 x, y = loader.to_device(next(it), self.device, non_blocking=False)
             except StopIteration:
                 break
             with self.autocast():
                 if self.par.pipelined:
-                    losses.append(self.par.pipeline_step(x, y, train=False) * self.cfg.engine.grad_accum)
+                    total += self.par.pipeline_step(x, y, train=False) * self.cfg.engine.grad_accum
                 else:
-                    losses.append(self.workload.loss(model(x), y).float())
+                    total += self.workload.loss(model(x), y).float()
+            n += 1
         model.train(was_training)
-        return torch.stack(losses).mean().item() if losses else float("nan")
+        return total.item() / n if n else float("nan")
 
     # ------------------------------------------------------------------ checkpoints, signals
     def _state(self, optimizer: bool = True) -> dict[str, Any]:
@@ -535,13 +545,19 @@ class Trainer:
             self.sched.load_state_dict(sched)
             if self.scaler is not None and st.get("scaler"):
                 self.scaler.load_state_dict(st["scaler"])
-            self.step, self.samples_seen = int(st["step"]), int(st["samples_seen"])
+            step, seen = st["step"], st["samples_seen"]
+            if not (isinstance(step, int) and isinstance(seen, int) and step >= 0 and seen >= 0):
+                raise ValueError(f"step {step!r} and samples_seen {seen!r} must be whole numbers >= 0")
+            if ckpt_io.step_of(path) not in (None, step):
+                raise ValueError(f"it holds step {step} in a directory of step {ckpt_io.step_of(path)}")
+            self.step, self.samples_seen = step, seen
             torch.set_rng_state(st["rng"]["cpu"])
             if self.device.type == "cuda" and st["rng"]["cuda"]:
                 torch.cuda.set_rng_state_all(st["rng"]["cuda"])
-        except (KeyError, ValueError, RuntimeError) as exc:
+        # state.pt passed its checksum but may still be someone else's doctored file
+        except (KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError) as exc:
             raise ckpt_io.CheckpointError(f"checkpoint {str(path)!r} cannot restore this run's "
-                                          f"optimizer state: {exc}.") from None
+                                          f"training state: {first_line(exc)}.") from None
         self.last_checkpoint = path
 
     def _install_signal_handlers(self):
@@ -549,16 +565,22 @@ class Trainer:
             return None
 
         def handler(signum, frame):
+            name = signal.Signals(signum).name
+            if not getattr(self, "_started", False):    # still setting up: nothing to save yet
+                exit_at_once("train", f"interrupted by {name} before training started; no checkpoint "
+                                      "was written.")
             if self._stop_signal is not None:
                 if self.par.active:                 # torchrun forwards the launcher's signal too:
                     return                          # the save under way must not be cut short
                 raise KeyboardInterrupt              # a second Ctrl-C stops at once
             self._stop_signal = signum
             again = "" if self.par.active else " (again to stop at once)"
-            self.console.print(f"\n[yellow]{signal.Signals(signum).name} received: finishing this step, "
+            self.console.print(f"\n[yellow]{name} received: finishing this step, "
                                f"saving a checkpoint, then stopping{again}.[/]")
 
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        # SIGHUP: the terminal went away (a closed ssh session) -- a stop, like SIGTERM
+        stops = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+        previous = {s: signal.getsignal(s) for s in stops}
         for s in previous:
             signal.signal(s, handler)
         return previous

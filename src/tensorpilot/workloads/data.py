@@ -94,11 +94,11 @@ def load_text_corpus(path: str | None, val_fraction: float, max_bytes: int
         if total >= max_bytes:
             break
         try:
-            blob = f.read_bytes()
+            with open(f, "rb") as fh:                # never more than is still wanted: a corpus
+                blob = fh.read(max_bytes - total)    # may be larger than memory
         except OSError:
             continue
         if blob and b"\x00" not in blob:
-            blob = blob[: max_bytes - total]
             usable.append((f, blob))
             total += len(blob)
     train_parts: list[bytes] = []
@@ -182,14 +182,20 @@ class ShuffledEpochs(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 2**40
 
+    # Above this many samples the permutation is computed, not stored: randperm of 10^9 rows
+    # would take 8 GB before the first step
+    STORED_PERMUTATION_MAX = 2**24
+
     def _rows(self, indices: list[int]) -> list[int]:
         rows = []
         for i in indices:
             epoch = i // self.n
             if self._perm is None or self._perm[0] != epoch:
                 g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-                self._perm = (epoch, torch.randperm(self.n, generator=g))
-            rows.append(int(self._perm[1][i % self.n]))
+                self._perm = (epoch, torch.randperm(self.n, generator=g) if self.n <= self.STORED_PERMUTATION_MAX
+                              else _affine_permutation(self.n, g))
+            perm = self._perm[1]
+            rows.append(int(perm[i % self.n]) if isinstance(perm, torch.Tensor) else perm(i % self.n))
         return rows
 
     def __getitems__(self, indices: list[int]):
@@ -200,6 +206,17 @@ class ShuffledEpochs(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         return self.dataset[self._rows([i])[0]]
+
+
+def _affine_permutation(n: int, g: torch.Generator):
+    """A seeded permutation of range(n) in O(1) memory: j -> (a j + b) mod n with a coprime to n
+    (a bijection of Z_n). Less random than a shuffle -- consecutive positions step by a fixed
+    stride -- but every sample is seen once per epoch in a seed-dependent order."""
+    a = int(torch.randint(1, n, (1,), generator=g))
+    while math.gcd(a, n) != 1:
+        a = a % (n - 1) + 1
+    b = int(torch.randint(0, n, (1,), generator=g))
+    return lambda j: (a * j + b) % n
 
 
 class Tensors(torch.utils.data.Dataset):

@@ -213,13 +213,21 @@ class GPT(nn.Module):
                  top_k: int | None = 40, generator: torch.Generator | None = None) -> torch.Tensor:
         for _ in range(max_new_tokens):
             logits = self(idx[:, -self.cfg.seq_len:])[:, -1, :].float()   # (B, V)
-            if temperature <= 0:
-                nxt = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
-            idx = torch.cat([idx, nxt], dim=1)
+            idx = torch.cat([idx, next_token(logits, temperature, top_k, generator)], dim=1)
         return idx
+
+
+def next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, V) logits -> (B, 1) next ids: greedy at temperature 0, else sampled among the top_k.
+    The logits are shifted by their row maximum and divided in float64 -- the same softmax --
+    so a tiny temperature (1e-300 underflows to 0 in float32) sends the others to -inf
+    (probability 0) instead of overflowing and turning the softmax into NaN."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.double()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
