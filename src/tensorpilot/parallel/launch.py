@@ -108,7 +108,9 @@ def _run_torchrun(cfg, run_dir: Path, console) -> int:
         raise _interrupted(cfg, signal.Signals(exc.sigval).name) from None
     except ChildFailedError as exc:
         codes = {f.exitcode for f in exc.failures.values()}
-        if codes == {INTERRUPTED_EXIT_CODE}:    # a stop signal reached a worker: agreed and saved
+        # a stop signal reached a worker: the ranks agreed, saved together and exit 130; the agent
+        # sends SIGTERM to the ranks still exiting when the first one is gone (-15: killed by it)
+        if INTERRUPTED_EXIT_CODE in codes and codes <= {INTERRUPTED_EXIT_CODE, -signal.SIGTERM}:
             raise _interrupted(cfg, "a stop signal to a worker") from None
         rank, failure = min(exc.failures.items())
         restarts = f" after {p.max_restarts} restart(s)" if p.max_restarts else ""

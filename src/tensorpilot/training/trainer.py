@@ -567,6 +567,8 @@ class Trainer:
         def handler(signum, frame):
             name = signal.Signals(signum).name
             if not getattr(self, "_started", False):    # still setting up: nothing to save yet
+                if signum == signal.SIGINT:             # Python's own way (a notebook survives it)
+                    raise KeyboardInterrupt
                 exit_at_once("train", f"interrupted by {name} before training started; no checkpoint "
                                       "was written.")
             if self._stop_signal is not None:
@@ -578,11 +580,13 @@ class Trainer:
             self.console.print(f"\n[yellow]{name} received: finishing this step, "
                                f"saving a checkpoint, then stopping{again}.[/]")
 
-        # SIGHUP: the terminal went away (a closed ssh session) -- a stop, like SIGTERM
+        # SIGHUP: the terminal went away (a closed ssh session) -- a stop, like SIGTERM; unless
+        # it is ignored (nohup): then it stays ignored
         stops = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
         previous = {s: signal.getsignal(s) for s in stops}
-        for s in previous:
-            signal.signal(s, handler)
+        for s, before in previous.items():
+            if before is not signal.SIG_IGN or s != getattr(signal, "SIGHUP", None):
+                signal.signal(s, handler)
         return previous
 
     @staticmethod
