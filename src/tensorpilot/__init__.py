@@ -4,7 +4,7 @@
 :func:`train` or :class:`Trainer` (PEP 562 module ``__getattr__``).
 """
 
-__version__ = "0.1.0"
+from tensorpilot.version import __version__
 __all__ = ["__version__", "train", "Trainer", "Workload", "RunConfig"]
 
 _LAZY = {

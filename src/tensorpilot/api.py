@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any, Callable
 
-from tensorpilot.config import RunConfig, apply_mapping
+from tensorpilot.config import RunConfig, apply_mapping, overrides_to_mapping
 from tensorpilot.errors import CheckpointError, ConfigError
-
-
-def overrides_to_mapping(overrides: dict[str, Any]) -> dict[str, Any]:
-    """{'optim.lr': 1e-3, 'run_dir': 'x'} -> {'optim': {'lr': 1e-3}, 'run_dir': 'x'}."""
-    nested: dict[str, Any] = {}
-    for dotted, value in overrides.items():
-        section, _, key = dotted.partition(".")
-        if key:
-            nested.setdefault(section, {})[key] = value
-        else:
-            nested[section] = value
-    return nested
 
 
 def train(model=None, data=None, loss_fn: Callable | None = None, *, val_data=None,
@@ -39,7 +28,8 @@ def train(model=None, data=None, loss_fn: Callable | None = None, *, val_data=No
     from tensorpilot.training.trainer import Trainer
     from tensorpilot.workloads.base import Workload
 
-    cfg = config or RunConfig()
+    # the caller's config is theirs: the run works on a copy (RunConfig is never changed by a run)
+    cfg = copy.deepcopy(config) if config is not None else RunConfig()
     if overrides:
         apply_mapping(cfg, overrides_to_mapping(overrides))
     workload = None
@@ -63,7 +53,7 @@ def generate(run: str | Path, prompt: str = "", max_new_tokens: int = 200, tempe
 
     from tensorpilot.hardware.device import resolve_device
     from tensorpilot.training import checkpoint as ckpt_io
-    from tensorpilot.workloads.gpt import GPT, gpt_config_from_meta
+    from tensorpilot.workloads import specs
 
     if max_new_tokens <= 0:
         raise ConfigError(f"--tokens must be a positive integer, got {max_new_tokens}.")
@@ -73,13 +63,16 @@ def generate(run: str | Path, prompt: str = "", max_new_tokens: int = 200, tempe
     ckpt = ckpt_io.find_checkpoint(run)
     meta = ckpt_io.read_meta(ckpt)
     workload = meta.get("workload")
-    if not isinstance(workload, dict) or not workload.get("gpt"):
-        raise CheckpointError(f"{str(run)!r} is not a gpt run: generate samples from gpt checkpoints only.")
-    gcfg = gpt_config_from_meta(workload["gpt"], ckpt)
+    kind = workload.get("kind") if isinstance(workload, dict) else None
+    spec = specs.get(kind if isinstance(kind, str) else None)
+    if spec.serving != "generate" or not isinstance(workload.get(spec.kind), dict):
+        raise CheckpointError(f"{str(run)!r} is not a run of a text model: generate samples from gpt "
+                              "checkpoints only.")
+    build, _ = spec.rebuild(workload[spec.kind], ckpt)
     ckpt_io.require_one_process(str(run), ckpt, meta, "generate")
     ckpt_io.verify(ckpt, meta)
     # meta.json's sizes are data: the model is allocated only once they match the weights file
-    model = ckpt_io.build_checked(ckpt, lambda: GPT(gcfg))
+    model = ckpt_io.build_checked(ckpt, build)
     ckpt_io.load_weights(ckpt, model)
     model.to(dev).eval()
     # a prompt from a command line may hold undecodable bytes (kept by Python as surrogates)

@@ -45,6 +45,8 @@ MAX_EVAL_BATCHES = 1_000_000      # per evaluation; more would outlast any train
 MAX_GRAD_ACCUM = 65_536           # micro-batches per step (published runs use up to a few hundred)
 MAX_DIM = 2**24                   # widths and lengths; the planner's bound (plan/limits.py)
 
+# the workloads a config names by themselves; each has its spec in tensorpilot.workloads.specs
+# (which checks at import that the two agree)
 BUILTIN_MODELS = ("gpt", "mlp", "cnn")
 
 PrecisionName = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
@@ -83,7 +85,7 @@ class ModelConfig:
             raise ConfigError(f"model.hidden and model.channels must hold integers from 1 to {MAX_DIM:,}.")
         if self.name not in BUILTIN_MODELS and ":" not in self.name:
             raise ConfigError(
-                f"unknown model {self.name!r}: use gpt, mlp, cnn or package.module:factory.")
+                f"unknown model {self.name!r}: use {', '.join(BUILTIN_MODELS)} or package.module:factory.")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -465,6 +467,18 @@ def apply_mapping(cfg: RunConfig, data: dict[str, Any], source: str = "") -> Run
         else:
             raise ConfigError(f"unknown setting {source}{key!r}; sections are {', '.join(SECTIONS)}.")
     return cfg
+
+
+def overrides_to_mapping(overrides: dict[str, Any]) -> dict[str, Any]:
+    """{'optim.lr': 1e-3, 'run_dir': 'x'} -> {'optim': {'lr': 1e-3}, 'run_dir': 'x'}."""
+    nested: dict[str, Any] = {}
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition(".")
+        if key:
+            nested.setdefault(section, {})[key] = value
+        else:
+            nested[section] = value
+    return nested
 
 
 def field_docs() -> list[tuple[str, str, Any, Any]]:

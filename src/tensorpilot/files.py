@@ -5,7 +5,8 @@ where a directory is needed, a directory under a file, no permission, a name too
 file system) ends in one sentence before data is loaded or a model is built. Files that must
 never be seen half-written (summaries, configs, job files, caches) go through
 :func:`write_atomic`: a temporary file in the same directory, fsync'd, then renamed over the old
-one (rename is atomic within one file system, POSIX rename(2)).
+one (rename is atomic within one file system, POSIX rename(2)). Whole directories (checkpoints)
+go through :func:`publish_dir`: written aside, then exchanged with the old one in one step.
 
 Pure standard library: the CLI and the torch-free planner use it.
 """
@@ -13,6 +14,7 @@ Pure standard library: the CLI and the torch-free planner use it.
 from __future__ import annotations
 
 import errno
+import shutil
 import os
 import uuid
 from pathlib import Path
@@ -154,3 +156,39 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, what: str = "file")
             pass
         raise TensorpilotError(f"cannot write {what} {str(p)!r}: {os_reason(exc)}.") from None
     return p
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directory entries in one atomic step (Linux >= 3.15, glibc >= 2.28); False
+    where the OS or the file system cannot (then the caller falls back to two renames)."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2                     # <fcntl.h>, <linux/fs.h>
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Put the complete directory ``tmp`` at ``final``, replacing what is there. Readers see the
+    old directory or the new one under ``final``, never a mix and never nothing (where the OS
+    exchanges names; elsewhere a crash between the two renames leaves the previous step as the
+    newest complete checkpoint)."""
+    root = final.parent
+    if final.exists():
+        if _exchange(tmp, final):                           # ``tmp`` now holds the old directory
+            fsync_path(root)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        aside = final.with_name(f"{final.name}.old-{os.getpid()}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(final, aside)
+        os.rename(tmp, final)
+        fsync_path(root)
+        shutil.rmtree(aside, ignore_errors=True)
+        return
+    os.rename(tmp, final)
+    fsync_path(root)

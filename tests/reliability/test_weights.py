@@ -16,7 +16,7 @@ import torch
 from battery import read_jsonl
 from safetensors.torch import load_file
 
-from tensorpilot.api import overrides_to_mapping
+from tensorpilot.config import overrides_to_mapping
 from tensorpilot.config import RunConfig, apply_mapping
 from tensorpilot.training import checkpoint as ckpt_io
 from tensorpilot.training.trainer import Trainer
@@ -112,7 +112,7 @@ def test_a_distributed_checkpoint_of_the_same_step_is_replaced(tmp_path, monkeyp
     one-process gloo group is a real process group for the collective save."""
     import torch.distributed as dist
 
-    from tensorpilot.parallel import dcp
+    from tensorpilot.training import dcp
     from tensorpilot.workloads.gpt import GPT, GPTConfig
 
     if not exchange:

@@ -38,7 +38,7 @@ def test_precision_options_follow_the_hardware(name, expected):
 @pytest.mark.parametrize("kind", ["gpt", "cnn"])
 def test_every_candidate_is_a_valid_configuration(name, kind):
     caps = PROFILES[name]
-    cands = at.enumerate_candidates(caps, kind=kind, global_batch=24)
+    cands = at.enumerate_candidates(caps, global_batch=24, convolutional=kind == "cnn")
     assert cands
     for c in cands:
         assert c.micro_batch * c.grad_accum == 24
@@ -181,18 +181,18 @@ def test_activation_budget_counts_saved_tensors():
 
 
 def test_apply_candidate_switches_recomputation_off_again():
-    from tensorpilot.training import engine
+    from tensorpilot import modules
     from tensorpilot.workloads.gpt import GPT, GPTConfig
 
     m = GPT(GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=16))
     plain = {n: type(b.__dict__.get("forward")) for n, b in m.named_modules()}
-    engine.apply_activation_checkpointing(m)
-    engine.remove_activation_checkpointing(m)
+    modules.apply_activation_checkpointing(m)
+    modules.remove_activation_checkpointing(m)
     assert {n: type(b.__dict__.get("forward")) for n, b in m.named_modules()} == plain
 
 
 def test_candidate_labels_are_distinct():
-    cands = at.enumerate_candidates(AMPERE, kind="gpt", global_batch=16)
+    cands = at.enumerate_candidates(AMPERE, global_batch=16)
     labels = [c.label for c in cands] + [replace(c, compile=True).label for c in cands]
     assert len(set(labels)) == len(labels)
 

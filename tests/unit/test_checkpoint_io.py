@@ -108,7 +108,9 @@ def test_saving_an_existing_step_replaces_it_with_this_runs_weights(tmp_path, mo
     # an earlier run left step 5; a new run's step 5 must hold the new weights (issue 13: a save
     # that returned early kept the first run's weights under the second run's summary)
     if not exchange:                                   # the fallback where the OS cannot swap names
-        monkeypatch.setattr(ckpt, "_exchange", lambda a, b: False)
+        from tensorpilot import files
+
+        monkeypatch.setattr(files, "_exchange", lambda a, b: False)
     ckpt.save(tmp_path, 5, tiny_gpt(seed=0), {"step": 5}, {}, keep=2)
     newer = tiny_gpt(seed=1)
     again = ckpt.save(tmp_path, 5, newer, {"step": 5}, {}, keep=2)

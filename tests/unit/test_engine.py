@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorpilot.training.engine import apply_activation_checkpointing, repeated_blocks
+from tensorpilot.modules import apply_activation_checkpointing, repeated_blocks
 from tensorpilot.workloads.gpt import GPT, GPTConfig
 from tensorpilot.workloads.vision import CNN, MLPNet
 
@@ -158,6 +158,7 @@ def test_blocked_math_attention_in_bf16_stays_within_2x_of_sdpa_error():
 
 
 def test_engine_chooses_attention_per_device_and_compiles_per_block():
+    from tensorpilot import modules
     from tensorpilot.training import engine
 
     torch.manual_seed(0)
@@ -172,12 +173,12 @@ def test_engine_chooses_attention_per_device_and_compiles_per_block():
     assert engine.choose_attention(torch.nn.Linear(2, 2), "cpu") is None      # no choice offered
 
     names = [n for n, _ in m.named_parameters()]
-    assert engine.apply_compile(m) is m                        # per block, in place
+    assert modules.apply_compile(m) is m                        # per block, in place
     assert all(b._compiled_call_impl is not None for b in m.blocks)
     assert [n for n, _ in m.named_parameters()] == names       # checkpoints keep their keys
-    engine.undo_compile(m)
+    modules.undo_compile(m)
     assert all(b._compiled_call_impl is None for b in m.blocks)
-    whole = engine.apply_compile(torch.nn.Sequential(torch.nn.Linear(2, 2)))   # no repeated blocks
+    whole = modules.apply_compile(torch.nn.Sequential(torch.nn.Linear(2, 2)))   # no repeated blocks
     assert isinstance(whole, torch._dynamo.eval_frame.OptimizedModule)
 
 

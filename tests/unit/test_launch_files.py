@@ -12,7 +12,7 @@ import pytest
 from tensorpilot.cli import main
 from tensorpilot.config import ParallelConfig
 from tensorpilot.errors import ConfigError
-from tensorpilot.parallel.jobfiles import check_quantity, check_slurm_time, sbatch_script
+from tensorpilot.launch.jobfiles import check_quantity, check_slurm_time, sbatch_script
 from tensorpilot.parallel.mesh import resolve_layout, slurm_env
 
 # The fields of the Kubeflow training-operator's PyTorchJob CRD (kubeflow.org/v1) that we write,
@@ -80,7 +80,7 @@ def test_sbatch_script_is_valid_bash(tmp_path):
 
 def test_layout_must_fit_world():
     assert resolve_layout(ParallelConfig(tp=2), 4).dp == 2
-    assert resolve_layout(ParallelConfig(pp=2, sharding="fsdp"), 4).name == "fsdp2xpp2"
+    assert resolve_layout(ParallelConfig(pp=2, sharding="fsdp"), 4).tag == "fsdp2xpp2"
     with pytest.raises(ConfigError, match="needs 4 processes but 2 were started"):
         resolve_layout(ParallelConfig(tp=4), 2)
 

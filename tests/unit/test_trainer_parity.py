@@ -98,7 +98,9 @@ def test_dataloader_workers_do_not_change_the_run(tmp_path):
 
 
 def test_compile_failure_falls_back_to_eager_and_says_so(tmp_path, monkeypatch):
-    from tensorpilot.training import engine
+    from torch._inductor.exc import CppCompileError
+
+    from tensorpilot import modules
 
     class Broken(torch.nn.Module):
         def __init__(self, inner):
@@ -106,9 +108,9 @@ def test_compile_failure_falls_back_to_eager_and_says_so(tmp_path, monkeypatch):
             self.inner = inner
 
         def forward(self, x):
-            raise RuntimeError("InductorError: C++ compile error (simulated)")
+            raise CppCompileError(["c++", "kernel.cpp"], "simulated C++ compile error")
 
-    monkeypatch.setattr(engine, "apply_compile", lambda m, *a, **k: Broken(m))
+    monkeypatch.setattr(modules, "apply_compile", lambda m, *a, **k: Broken(m))
     cfg = cfg_for(tmp_path, engine__compile="on")
     model = make_model()
     summary = Trainer(cfg, Workload(model=model, train_data=make_data())).fit()
@@ -116,3 +118,18 @@ def test_compile_failure_falls_back_to_eager_and_says_so(tmp_path, monkeypatch):
     expected = reference_params(cfg)   # the failed attempt left no trace in the weights
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_an_error_in_a_compiled_step_that_is_not_the_compilers_is_not_hidden(tmp_path, monkeypatch):
+    """Only compiler errors fall back to eager: a bug in the step (here a RuntimeError from the
+    model, as an OOM or a broken loss would raise) ends the run as itself."""
+    from tensorpilot import modules
+
+    class Buggy(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("shape mismatch in the user's model")
+
+    monkeypatch.setattr(modules, "apply_compile", lambda m, *a, **k: Buggy())
+    cfg = cfg_for(tmp_path, engine__compile="on")
+    with pytest.raises(RuntimeError, match="shape mismatch in the user's model"):
+        Trainer(cfg, Workload(model=make_model(), train_data=make_data())).fit()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tensorpilot.training.engine import repeated_blocks
+from tensorpilot.modules import repeated_blocks
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from tensorpilot.errors import ConfigError, TensorpilotError, first_line
+from tensorpilot.layout import Layout
 
 __all__ = ["Layout", "ParallelContext", "DistributedError", "in_launched_worker", "resolve_layout",
            "init_distributed", "slurm_env", "is_comm_failure", "first_line"]
@@ -40,27 +41,6 @@ def is_comm_failure(exc: BaseException) -> bool:
                                     "Timed out", "timed out", "ProcessGroupGloo", "NCCL error", "gloo"))
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Degrees of each kind of parallelism; ``dp * pp * tp`` is the world size."""
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    sharding: str = "ddp"                     # how the dp axis holds the model: "ddp" | "fsdp"
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    @property
-    def name(self) -> str:
-        """Short name, e.g. 'dp2', 'fsdp2', 'dp2xtp2', 'tp2', 'pp2'."""
-        parts = [f"{'fsdp' if self.sharding == 'fsdp' else 'dp'}{self.dp}" if self.dp > 1 else "",
-                 f"tp{self.tp}" if self.tp > 1 else "", f"pp{self.pp}" if self.pp > 1 else ""]
-        return "x".join(p for p in parts if p) or "single"
-
-
 def resolve_layout(pcfg, world: int) -> Layout:
     """The layout ``pcfg`` asks for on ``world`` processes, or a one-sentence ConfigError."""
     inner = pcfg.tp * pcfg.pp
@@ -68,7 +48,8 @@ def resolve_layout(pcfg, world: int) -> Layout:
     if dp * inner != world:
         raise ConfigError(f"the layout dp={dp} x tp={pcfg.tp} x pp={pcfg.pp} needs {dp * inner} "
                           f"processes but {world} were started; change --nproc or the layout.")
-    return Layout(dp=dp, tp=pcfg.tp, pp=pcfg.pp, sharding=pcfg.sharding)
+    return Layout(dp=dp, tp=pcfg.tp, pp=pcfg.pp, sharding=pcfg.sharding,
+                  sequence_parallel=pcfg.sequence_parallel and pcfg.tp > 1, schedule=pcfg.pp_schedule)
 
 
 def in_launched_worker() -> bool:

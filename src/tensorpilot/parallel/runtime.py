@@ -23,7 +23,7 @@ class Parallel:
     def __init__(self, ctx: ParallelContext, pcfg):
         self.ctx, self.pcfg, self.layout = ctx, pcfg, ctx.layout
         self.schedule = None                     # pipeline schedule when pp > 1
-        self.ddp = None                          # the DDP wrapper when sharding == "ddp" and dp > 1
+        self.ddp = None                          # the DDP wrapper when sharding == "none" and dp > 1
 
     @classmethod
     def init(cls, pcfg, device_kind: str) -> Parallel:
@@ -59,50 +59,41 @@ class Parallel:
             extra.append("FSDP2 (fully_shard per block)" if lay.sharding == "fsdp" else
                          f"DDP ({self.pcfg.bucket_mb:g} MiB buckets)")
         if lay.tp > 1:
-            extra.append("tensor parallel" + (" + sequence parallel" if self.pcfg.sequence_parallel else ""))
+            extra.append("tensor parallel" + (" + sequence parallel" if lay.sequence_parallel else ""))
         if lay.pp > 1:
-            extra.append(f"pipeline {self.pcfg.pp_schedule}, {self.microbatches} micro-batches")
-        return (f"{lay.world} processes, layout {self.plan_layout().name!r} (dp={lay.dp} x tp={lay.tp} x pp={lay.pp}): "
+            extra.append(f"pipeline {self.layout.schedule}, {self.microbatches} micro-batches")
+        return (f"{lay.world} processes, layout {lay.name!r} (dp={lay.dp} x tp={lay.tp} x pp={lay.pp}): "
                 + ", ".join(extra))
 
-    def plan_layout(self):
-        """This layout as the planner's ``tensorpilot.plan.Layout`` (same names in plan and train)."""
-        from tensorpilot.plan import Layout as PlanLayout
-
-        lay = self.layout
-        return PlanLayout(dp=lay.dp, tp=lay.tp, pp=lay.pp, sharding="zero3" if lay.sharding == "fsdp" else "none",
-                          sequence_parallel=self.pcfg.sequence_parallel and lay.tp > 1,
-                          schedule=self.pcfg.pp_schedule)
-
     # ------------------------------------------------------------------------ parallelize
-    def parallelize(self, model: nn.Module, *, activation_checkpointing: bool, compile: bool,
+    def parallelize(self, model: nn.Module, spec, *, activation_checkpointing: bool, compile: bool,
                     precision_dtype: str, batch_size: int, loss_fn, grad_accum: int, device) -> tuple[nn.Module, nn.Module, int]:
-        """Apply the layout to ``model``. Returns (the module whose parameters this rank owns,
-        the module to call in the step, blocks activation-checkpointed). The order is fixed:"""
-        from tensorpilot.training import engine
+        """Apply the layout to ``model``; ``spec`` (a tensorpilot.workloads.specs.WorkloadSpec)
+        says how its layers split for tensor and pipeline parallelism. Returns (the module whose
+        parameters this rank owns, the module to call in the step, blocks activation-checkpointed).
+        The order is fixed:"""
+        from tensorpilot import modules
 
         lay, pcfg, mesh = self.layout, self.pcfg, self.ctx.mesh
         # 1. pipeline split first: every later step then sees only this rank's stage
         if lay.pp > 1:
-            from tensorpilot.parallel.pipeline import split_gpt
-
-            model = split_gpt(model, lay.pp, self.ctx.pp_rank)
+            model = spec.stage(model, lay.pp, self.ctx.pp_rank)
         blocks = _blocks(model)
         # 2. tensor parallel: replaces Linear weights by DTensor shards; must precede FSDP, which
         #    shards those DTensors once more along the dp axis
         if lay.tp > 1:
             from tensorpilot.parallel.tensor import apply_tp
 
-            apply_tp(model, mesh["tp"], pcfg.sequence_parallel)
+            apply_tp(model, mesh["tp"], spec.tp_plan(model, lay.tp, lay.sequence_parallel))
         # 3. activation checkpointing: wraps each block's forward, before compile sees it
         ac_blocks = 0
         if activation_checkpointing:
-            ac_blocks = engine.apply_activation_checkpointing(model)[0] if blocks is None else \
-                _checkpoint_blocks(blocks)
+            ac_blocks = modules.apply_activation_checkpointing(model)[0] if blocks is None else \
+                modules.checkpoint_blocks(blocks)
         # 4. compile per block (not the whole model): graph breaks stay inside a block and
         #    FSDP's/DDP's hooks between blocks stay in eager Python
         if compile:
-            engine.compile_blocks(blocks or engine.repeated_blocks(model))
+            modules.compile_blocks(blocks or modules.repeated_blocks(model))
         # 5. data parallelism last: it must see the final parameters (DTensors under TP)
         step_model = model
         if lay.dp > 1 and lay.sharding == "fsdp":
@@ -115,7 +106,7 @@ class Parallel:
             if lay.tp > 1:
                 raise ConfigError("dp x tp needs --parallel.sharding fsdp (DDP does not reduce "
                                   "DTensor gradients); FSDP2 composes with tensor parallelism.")
-            if lay.pp > 1 and pcfg.pp_schedule == "gpipe":
+            if lay.pp > 1 and lay.schedule == "gpipe":
                 # GPipe runs several forwards before the first backward, which DDP's reducer
                 # does not allow; FSDP2 and 1F1B have no such restriction
                 raise ConfigError("dp x pp with DDP needs --parallel.pp_schedule 1f1b (or use "
@@ -129,7 +120,7 @@ class Parallel:
 
             self.schedule, self.microbatches = build_schedule(
                 step_model, lay.pp, self.ctx.pp_rank, device, self.ctx.group("pp"),
-                schedule=pcfg.pp_schedule, microbatches=pcfg.pp_microbatches, batch_size=batch_size,
+                schedule=lay.schedule, microbatches=pcfg.pp_microbatches, batch_size=batch_size,
                 loss_fn=lambda out, y: loss_fn(out, y) / grad_accum)
         return model, step_model, ac_blocks
 
@@ -214,18 +205,6 @@ class Parallel:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    @staticmethod
-    def restarted_from(run_dir: str | None) -> bool:
-        """True when torchrun restarted this group after a failure and ``run_dir`` holds a
-        checkpoint to continue from (--max-restarts)."""
-        import os
-        from pathlib import Path
-
-        from tensorpilot.training.checkpoint import list_checkpoints
-
-        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        return bool(restarts and run_dir and list_checkpoints(Path(run_dir) / "checkpoints"))
-
     def barrier(self) -> None:
         if self.active:
             import torch.distributed as dist
@@ -247,16 +226,6 @@ def _blocks(model: nn.Module) -> list[nn.Module] | None:
     """A pipeline stage keeps its blocks in a ModuleDict (to keep their names); else None."""
     blocks = getattr(model, "blocks", None)
     return list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else None
-
-
-def _checkpoint_blocks(blocks: list[nn.Module]) -> int:
-    import functools
-
-    from torch.utils.checkpoint import checkpoint
-
-    for block in blocks:
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
-    return len(blocks)
 
 
 @contextlib.contextmanager

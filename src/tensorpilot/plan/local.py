@@ -47,16 +47,12 @@ def local_accelerator(caps: Any) -> Accelerator:
                        mem_bw_gb_per_s=copy / 1e9 / cal.MEMORY_BW_FRACTION, link_gb_per_s=link, **peaks)
 
 
-def gpt_plan(gpt_meta: dict[str, Any], acc: Accelerator, *, micro_batch: int, global_batch: int,
-             precision: str, recompute: bool = False, layout_kwargs: dict[str, Any] | None = None):
-    """The planner's Plan of the built-in gpt (``Workload.meta['gpt']``) at this configuration."""
-    from types import SimpleNamespace
+def local_plan(spec: Any, seq_len: int, acc: Accelerator, *, layout: Any, global_batch: int, precision: str):
+    """The planner's Plan of one training configuration of ``spec`` (a ModelSpec; from a
+    workload spec's planner) on ``acc`` (e.g. ``local_accelerator``) with ``layout`` (a
+    tensorpilot.layout.Layout: micro-batch and recomputation included)."""
+    from tensorpilot.plan.predict import TrainSetup, predict
 
-    from tensorpilot.plan.models import model_spec_from_gpt_config
-    from tensorpilot.plan.predict import Layout, TrainSetup, predict
-
-    spec = model_spec_from_gpt_config(SimpleNamespace(**gpt_meta))
-    setup = TrainSetup(seq_len=gpt_meta["seq_len"], global_batch=global_batch,
+    setup = TrainSetup(seq_len=seq_len, global_batch=global_batch,
                        precision="fp32" if precision == "tf32" else precision, attention="flash")
-    layout = Layout(micro_batch=micro_batch, recompute="full" if recompute else "none", **(layout_kwargs or {}))
     return predict(spec, acc, layout, setup)

@@ -14,7 +14,7 @@ needs (parameters, FLOPs, activation bytes) is a pure function of it. Pure Pytho
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from tensorpilot.errors import ConfigError, PathError
@@ -186,15 +186,26 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
 _GPT_PREFIX = "tp-gpt-"
 
 
+# The built-in ``gpt`` workload's byte-level sizes (tensorpilot.workloads.gpt builds them): "small"
+# is the 6-layer, 384-wide reference of the benchmarks; "large" is GPT-2 small's body (Radford et
+# al. 2019) with a byte vocabulary. Kept here, with the other named shapes, so the planner needs
+# neither torch nor the workload code to plan them.
+GPT_SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(n_layer=4, n_head=4, d_model=128, seq_len=128),
+    "small": dict(n_layer=6, n_head=6, d_model=384, seq_len=256),
+    "medium": dict(n_layer=8, n_head=8, d_model=512, seq_len=512),
+    "large": dict(n_layer=12, n_head=12, d_model=768, seq_len=1024),
+}
+GPT_DEFAULTS = dict(vocab_size=256, dropout=0.0, tie_head=True)     # as GPTConfig's defaults
+
+
 def _builtin_gpt_specs() -> dict[str, ModelSpec]:
-    """The built-in ``gpt`` workload's sizes (tensorpilot.workloads.gpt.SIZES) as presets.
+    """The built-in gpt's sizes as presets ('tp-gpt-small')."""
+    from types import SimpleNamespace
 
-    Imported lazily: that module imports torch, which only a tp-gpt-* lookup should pay for.
-    """
-    from tensorpilot.workloads.gpt import SIZES, GPTConfig
-
-    return {f"{_GPT_PREFIX}{size}": model_spec_from_gpt_config(GPTConfig(**shape), name=f"{_GPT_PREFIX}{size}")
-            for size, shape in SIZES.items()}
+    return {f"{_GPT_PREFIX}{size}": model_spec_from_gpt_config(SimpleNamespace(**GPT_DEFAULTS, **shape),
+                                                                 name=f"{_GPT_PREFIX}{size}")
+            for size, shape in GPT_SIZES.items()}
 
 
 def model_spec_from_gpt_config(cfg, *, name: str = "gpt") -> ModelSpec:
@@ -211,7 +222,7 @@ def _norm(name: str) -> str:
 
 
 def preset_names() -> list[str]:
-    """Every preset name (the built-in gpt sizes load torch, so they are listed by prefix only)."""
+    """Every preset name (the built-in gpt's sizes by prefix)."""
     return [*PRESETS, f"{_GPT_PREFIX}<size>"]
 
 
@@ -387,13 +398,3 @@ def _refuse_experts(get: _Fields, where: str) -> None:
                 raise ConfigError(f"{fields.where}: {key} is {experts}: a mixture-of-experts model, which the "
                                   "planner does not model (its formulas are for dense transformers, and "
                                   "planning it as one would count one expert's weights, not all of them).")
-
-
-def custom_model(name: str, **shape) -> ModelSpec:
-    """A ModelSpec from explicit shapes (validate rows); GPT-style defaults."""
-    return ModelSpec(name=name, **shape)
-
-
-def with_overrides(spec: ModelSpec, **changes) -> ModelSpec:
-    return replace(spec, **{k: v for k, v in changes.items() if v is not None})
-

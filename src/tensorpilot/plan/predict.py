@@ -22,52 +22,13 @@ from tensorpilot.plan import calibration as cal
 from tensorpilot.plan import memory as mem
 from tensorpilot.plan import timing as tm
 from tensorpilot.plan.flops import RECOMPUTE_MODES, hardware_flops, train_flops
+from tensorpilot.layout import SCHEDULES, SHARDINGS, Layout
 from tensorpilot.plan.limits import (MAX_DEVICES, MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_SEQ_LEN,
                                      MAX_SEQUENCES, MAX_TOKENS, check_count, check_number)
 from tensorpilot.plan.models import ModelSpec
 
 __all__ = ["InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "hourly_price", "predict",
            "predict_inference"]
-
-SHARDINGS = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Layout:
-    """How a step is split over devices; ``name`` is the short form ('dp', 'fsdp x tp', ...)."""
-
-    tp: int = 1                      # tensor-parallel ranks (inside a node)
-    pp: int = 1                      # pipeline stages
-    dp: int = 1                      # data-parallel replicas (or FSDP/ZeRO shards)
-    sharding: str = "none"           # none (DDP) | zero1 | zero2 | zero3 = fsdp
-    sequence_parallel: bool = False  # Megatron sequence parallelism (needs tp > 1)
-    micro_batch: int = 1             # sequences per micro-batch per replica
-    schedule: str = "1f1b"           # pipeline schedule: 1f1b | gpipe | interleaved
-    virtual_stages: int = 1          # model chunks per stage (interleaved schedule)
-    recompute: str = "none"          # activation recomputation: none | selective | full
-
-    @property
-    def n_devices(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    @property
-    def zero_stage(self) -> int:
-        return SHARDINGS[self.sharding]
-
-    @property
-    def name(self) -> str:
-        parts = []
-        if self.dp > 1 or (self.tp == 1 and self.pp == 1):
-            parts.append({"none": "dp", "zero3": "fsdp"}.get(self.sharding, self.sharding))
-        parts += [n for n, k in (("tp", self.tp), ("pp", self.pp)) if k > 1]
-        return " x ".join(parts)
-
-    def describe(self) -> str:
-        extra = " sp" if self.sequence_parallel else ""
-        sched = f" {self.schedule}" + (f"/{self.virtual_stages}" if self.virtual_stages > 1 else "") \
-            if self.pp > 1 else ""
-        return (f"tp={self.tp} pp={self.pp} dp={self.dp} {self.sharding}{extra} mb={self.micro_batch}"
-                f" recompute={self.recompute}{sched}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -57,7 +57,7 @@ _PRECISIONS = [("fp16 mixed adamw", "fp16-amp"), ("bf16 amp", "bf16-amp"), ("bf1
                ("fp16 mixed", "fp16"), ("bf16 mixed", "bf16"), ("fp32", "fp32"), ("bf16", "bf16-amp"),
                ("fp16", "fp16")]
 _SHARDINGS = {"none": "none", "": "none", "ddp (no sharding)": "none", "zero-1": "zero1", "zero-2": "zero2",
-              "zero-3": "zero3", "fsdp-full": "zero3", "fsdp2": "zero3", "fsdp": "zero3"}
+              "zero-3": "fsdp", "fsdp-full": "fsdp", "fsdp2": "fsdp", "fsdp": "fsdp"}
 # no count in a published run (devices, sequences, tokens per sequence, widths) comes near this;
 # the planner's own limits (limits.py) then check each column more tightly
 _MAX_INT = 10**9

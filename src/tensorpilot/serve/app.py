@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tensorpilot import __version__
+from tensorpilot.version import __version__
 from tensorpilot.errors import first_line
 from tensorpilot.serve import protocol as P
 from tensorpilot.serve.batcher import Batcher, DeadlineExceeded, NotAccepting, QueueFull
@@ -406,7 +406,7 @@ def build_app(served, cfg: ServeConfig, *, precision: str = "auto", caps=None,
         body, ctype = st.metrics.exposition()
         return Response(body, media_type=ctype.split(";")[0], headers={"content-type": ctype})
 
-    if served.kind == "gpt":
+    if served.last_position_only:                 # a token model: the text generation routes too
         _add_generate_routes(app, st, err)
     return app
 

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from tensorpilot.errors import UsageError
 from tensorpilot.files import existing_path, writable_dir, write_atomic
+from tensorpilot.k8s import check_dns1035_label, check_dns_label, check_dns_subdomain, check_image, shown, to_yaml
 
 PORT = 8000
 METRIC = "tensorpilot_serve_queue_depth"
@@ -121,61 +122,18 @@ def keda(*, name: str, namespace: str, min_replicas: int, max_replicas: int, tar
 
 
 # ---------------------------------------------------------------------------- checking the inputs
-# Kubernetes validates names on apply; checking here says which rule, before anything is written.
-# Every user string reaches the YAML as a scalar through yaml.safe_dump, which quotes as needed.
+# Names, the image and the YAML rendering follow tensorpilot.k8s, shared with `launch k8s`.
 
-DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")        # namespaces
-DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")           # Service names
-# OCI image reference, after github.com/distribution/reference (regexp.go)
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"{_HOST_PART}(?:\.{_HOST_PART})*(?::[0-9]+)?"
-_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
-IMAGE = re.compile(rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@{_DIGEST})?")
 PRESTOP_S = 5
 # options of `tensorpilot serve` the manifest sets itself: an override would break the probes,
 # the Service or the volume mount
 OWNED = {"run": MOUNT, "host": "0.0.0.0", "port": PORT, "weights": None}
 
 
-def _shown(value: str) -> str:
-    return repr(value) if len(value) <= 80 else repr(value[:80]) + "..."
-
-
-def check_label(value: str, what: str, rfc1035: bool = False) -> str:
-    rule = DNS_1035_LABEL if rfc1035 else DNS_1123_LABEL
-    if len(value) > 63 or not rule.fullmatch(value):
-        start = "a lowercase letter" if rfc1035 else "a lowercase letter or digit"
-        raise UsageError(f"{what} {_shown(value)} is not a valid Kubernetes name: a DNS label is at most 63 "
-                         f"lowercase letters, digits and '-', starting with {start} and ending with a "
-                         "letter or digit.")
-    return value
-
-
-def check_subdomain(value: str, what: str) -> str:
-    if len(value) > 253 or not all(DNS_1123_LABEL.fullmatch(part) and len(part) <= 63
-                                   for part in value.split(".")):
-        raise UsageError(f"{what} {_shown(value)} is not a valid Kubernetes name: a DNS subdomain is at most "
-                         "253 characters of dot-separated labels, each lowercase letters, digits and '-', "
-                         "starting and ending with a letter or digit.")
-    return value
-
-
-def check_image(image: str) -> str:
-    name = image.split("@", 1)[0]
-    head, colon, tag = name.rpartition(":")
-    if colon and "/" not in tag:
-        name = head
-    if not IMAGE.fullmatch(image) or len(name) > 255:
-        raise UsageError(f"--image {_shown(image)} is not a valid image reference: expected "
-                         "[registry[:port]/]name[:tag][@digest], e.g. registry.example.com/team/tensorpilot:1.0.")
-    return image
-
-
 def check_url(url: str) -> str:
     parts = urlsplit(url) if url.isprintable() and " " not in url else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"--prometheus-url {_shown(url)} must be an http:// or https:// address without "
+        raise UsageError(f"--prometheus-url {shown(url)} must be an http:// or https:// address without "
                          "spaces, e.g. http://prometheus-server.monitoring.svc:80.")
     return url
 
@@ -226,10 +184,12 @@ def parse_serve_args(text: str, fixed: list[str]) -> tuple[list[str], argparse.N
 
 def _check_plain_options(args) -> None:
     if args.name is not None:
-        check_label(args.name, "--name", rfc1035=True)         # a Service name: RFC 1035
-    check_label(args.namespace, "--namespace")
+        # names the Deployment, Service and autoscaler alike; a Service name must be an RFC 1035
+        # label (https://kubernetes.io/docs/concepts/services-networking/service/), the strictest
+        check_dns1035_label("--name", args.name)
+    check_dns_label("--namespace", args.namespace)
     if args.pvc is not None:
-        check_subdomain(args.pvc, "--pvc")
+        check_dns_subdomain("--pvc", args.pvc)
     check_image(args.image)
     check_url(args.prometheus_url)
     if args.max_replicas < args.replicas:
@@ -276,12 +236,9 @@ def manifests(args) -> dict[str, dict[str, Any]]:
 
 
 def write(args) -> list[Path]:
-    import yaml
-
     docs = manifests(args)                                  # every check before anything is written
     out_dir = writable_dir(args.out, "--out")
     written = []
     for fname, doc in docs.items():
-        written.append(write_atomic(out_dir / fname, yaml.safe_dump(doc, sort_keys=False),
-                                    what="manifest"))
+        written.append(write_atomic(out_dir / fname, to_yaml(doc), what="manifest"))
     return written

@@ -49,13 +49,13 @@ class TensorSpec:
 @dataclass(kw_only=True)
 class ServedModel:
     name: str
-    kind: str                          # "gpt" | "cnn" | "mlp" | "custom"
+    kind: str                          # a workload kind (tensorpilot.workloads.specs), or "custom"
     module: Any                        # torch.nn.Module in eval mode, on its device
     input: TensorSpec
     output: TensorSpec
     device: str = "cpu"
     source: str = ""                   # checkpoint or weights path, for the start-up line
-    last_position_only: bool = False   # gpt: infer returns next-token logits (B, V), not (B, T, V)
+    last_position_only: bool = False   # "generate" signature: infer returns next-token logits (B, V)
 
     def forward(self, x):
         """(B, *sample_shape) -> (B, *output.sample_shape); the plain fp32 model."""
@@ -76,7 +76,6 @@ class ServedModel:
 
 # ---------------------------------------------------------------------------- user input
 
-BUILTIN_KINDS = ("gpt", "cnn", "mlp")
 MAX_INPUT_DIMS = 8
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
@@ -174,17 +173,28 @@ def describe_run(meta: dict, ckpt: Path) -> tuple[str, str]:
     return _Meta(meta, ckpt).kind_and_name()
 
 
-def _gpt_parts(m: _Meta):
-    from tensorpilot.workloads.gpt import GPT, gpt_config_from_meta
+def _spec(kind: str):
+    from tensorpilot.workloads import specs
 
+    return specs.get(kind)
+
+
+def _builtin(kind: str) -> bool:
+    """A kind whose model tensorpilot builds itself from what the run recorded."""
+    return _spec(kind).rebuild is not None
+
+
+def _generator_parts(spec, m: _Meta):
+    """A token model's (build, input spec, output spec): ids up to its context, next-token logits."""
     wl = m.get(m.meta, "workload", dict, "workload")
-    gcfg = gpt_config_from_meta(m.get(wl, "gpt", dict, "workload.gpt"), m.ckpt)
+    build, gcfg = spec.rebuild(m.get(wl, spec.kind, dict, f"workload.{spec.kind}"), m.ckpt)
     spec_in = TensorSpec("input_ids", "INT64", (-1,), max_dim=gcfg.seq_len, min_value=0,
                          max_value=gcfg.vocab_size - 1)
-    return (lambda: GPT(gcfg)), spec_in, TensorSpec("logits", "FP32", (gcfg.vocab_size,))
+    return build, spec_in, TensorSpec("logits", "FP32", (gcfg.vocab_size,))
 
 
-def _classifier_parts(kind: str, m: _Meta, input_shape: tuple[int, ...] | None):
+def _classifier_parts(spec, m: _Meta, input_shape: tuple[int, ...] | None):
+    kind = spec.kind
     wl = m.get(m.meta, "workload", dict, "workload")
     data = m.get(wl, "data", dict, "workload.data", default={})
     cfg_data = m.get(m.get(m.meta, "config", dict, "config", default={}), "data", dict, "config.data",
@@ -197,19 +207,15 @@ def _classifier_parts(kind: str, m: _Meta, input_shape: tuple[int, ...] | None):
                              f"for this {kind} model.")
         shape = tuple(m.positives(recorded, "workload.data.input_shape"))
     classes = m.positive(data.get("classes") or cfg_data.get("num_classes"), "workload.data.classes")
-    if kind == "cnn":
-        from tensorpilot.workloads.vision import CNN
+    if spec.input_rank is not None and len(shape) != spec.input_rank:
+        raise UsageError(f"a {kind} takes samples of {spec.input_rank} dimensions (images: C, H, W): the "
+                         f"input shape {list(shape)} has {len(shape)} dimensions.")
+    default = {True: [], False: None}
 
-        if len(shape) != 3:
-            raise UsageError(f"a cnn takes images (C, H, W): the input shape {list(shape)} has "
-                             f"{len(shape)} dimensions.")
-        channels = m.positives(wl.get("channels"), "workload.channels")
-        build = lambda: CNN(shape[0], channels, classes)                      # noqa: E731
-    else:
-        from tensorpilot.workloads.vision import MLPNet, num_features
+    def ints(key: str, empty_ok: bool) -> list[int]:
+        return m.positives(wl.get(key, default[empty_ok]), f"workload.{key}", empty_ok=empty_ok)
 
-        hidden = m.positives(wl.get("hidden", []), "workload.hidden", empty_ok=True)
-        build = lambda: MLPNet(num_features(shape), hidden, classes)          # noqa: E731
+    build = spec.rebuild(ints, tuple(shape), classes)
     return build, TensorSpec("input", "FP32", tuple(shape)), TensorSpec("logits", "FP32", (classes,))
 
 
@@ -255,7 +261,7 @@ def check_factory(run: str, kind: str, recorded: str, factory: str | None) -> No
     """The user's --model against the run's kind: required for a run of a custom model (the run
     only names its factory), refused for a built-in one, and never different from the factory the
     run recorded (its weights were trained for that one)."""
-    if kind in BUILTIN_KINDS:
+    if _builtin(kind):
         if factory:
             raise UsageError(f"--model is for runs of your own model; {run!r} is a run of the built-in "
                              f"{kind} model: leave --model out.")
@@ -279,8 +285,8 @@ def _run_checkpoint(run: str, factory: str | None, shape: tuple[int, ...] | None
     check_one_process(run, ckpt, m.meta)
     kind, recorded = m.kind_and_name()
     check_factory(run, kind, recorded, factory)
-    if kind == "gpt" and shape is not None:
-        raise UsageError("--input-shape does not apply to a gpt run: it takes token ids up to its "
+    if _spec(kind).serving == "generate" and shape is not None:
+        raise UsageError(f"--input-shape does not apply to a {kind} run: it takes token ids up to its "
                          "context length.")
     return ckpt, m, kind
 
@@ -291,8 +297,10 @@ def _from_run(run: str, factory: str | None, shape: tuple[int, ...] | None):
 
     ckpt, m, kind = _run_checkpoint(run, factory, shape)
     meta = m.meta
-    if kind in BUILTIN_KINDS:
-        build, spec_in, spec_out = _gpt_parts(m) if kind == "gpt" else _classifier_parts(kind, m, shape)
+    spec = _spec(kind)
+    if _builtin(kind):
+        build, spec_in, spec_out = _generator_parts(spec, m) if spec.serving == "generate" \
+            else _classifier_parts(spec, m, shape)
         ckpt_io.verify(ckpt, meta)
         # built for real only once every shape matches model.safetensors' header: a doctored size
         # in meta.json ends here, before anything is allocated
@@ -390,7 +398,7 @@ def load(run: str | None = None, factory: str | None = None, weights: str | None
         fits(spec_in.full_sample_shape, "the run's input shape")
     return ServedModel(name=name or default_model_name(model_name, kind), kind=kind, module=module,
                        input=spec_in, output=spec_out, device=device, source=source,
-                       last_position_only=(kind == "gpt"))
+                       last_position_only=_spec(kind).serving == "generate")
 
 
 def default_model_name(model_name: str, kind: str) -> str:

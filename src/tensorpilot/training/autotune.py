@@ -43,15 +43,15 @@ MIN_TRIAL = 1 + TRIAL_STEPS
 MIN_TRIAL_S = 0.5         # ... and at least this long in all (a 20 ms step needs ~25 samples)
 MAX_EAGER_TRIALS = 4      # measure at most this many of the ranked eager candidates
 DEFAULT_BUDGET_FRACTION = 0.10
-# What one compile trial costs (compilation + 2 steps): 16-25 s for the small/tiny gpt on the
-# 2-core dev CPU (benchmarks/RESULTS.md, compile_cost); GPUs are in the same range.
+# What one compile trial costs (compilation + 2 steps): tens of seconds for a small transformer,
+# on CPUs and GPUs alike (benchmarks/RESULTS.md, compile_cost).
 COMPILE_TRIAL_ESTIMATE_S = 25.0
 # Two timed steps on a shared machine differ by a few percent run to run (benchmarks/RESULTS.md):
 # a candidate ranked lower by prediction must beat the incumbent by more than this to be chosen.
 NOISE_MARGIN = 0.03
-# Compilation can reorder micro-batches (gpt small on the dev CPU: eagerly 32 x 1 is as fast as
-# 16 x 2 or faster, compiled 16 runs ~7% more tokens/s than 32): eager runners-up within this
-# margin of the eager winner get a compiled trial too, when the budget holds one more compilation.
+# Compilation can reorder micro-batches (a smaller micro-batch that ties eagerly can win compiled,
+# benchmarks/RESULTS.md): eager runners-up within this margin of the eager winner get a compiled
+# trial too, when the budget holds one more compilation.
 COMPILE_REORDER_MARGIN = 0.15
 
 
@@ -104,14 +104,15 @@ def micro_batch_options(global_batch: int, limit: int | None = None, max_accum: 
     return keep or opts[-1:]
 
 
-def enumerate_candidates(caps: DeviceCaps, *, kind: str, global_batch: int, requested_precision: str = "auto",
-                         activation_checkpointing: bool | None = None, micro_limit: int | None = None
-                         ) -> list[Candidate]:
+def enumerate_candidates(caps: DeviceCaps, *, global_batch: int, requested_precision: str = "auto",
+                         activation_checkpointing: bool | None = None, micro_limit: int | None = None,
+                         convolutional: bool = False) -> list[Candidate]:
     """Eager candidates. ``activation_checkpointing`` None lets the tuner consider both; it is
     only chosen when the run does not fit without it (prediction) or is faster with it."""
-    # conv nets: NHWC (channels_last) is what Tensor Cores and oneDNN's fastest conv kernels
-    # want, but on small CPU convs the layout conversions can cost more: a trial decides
-    layouts = [False, True] if kind == "cnn" else [False]
+    # models with 2-D convolutions (``convolutional``: any nn.Conv2d, the built-in cnn or a
+    # user's): NHWC (channels_last) is what Tensor Cores and oneDNN's fastest conv kernels want,
+    # but on small CPU convs the layout conversions can cost more: a trial decides
+    layouts = [False, True] if convolutional else [False]
     acs = [False, True] if activation_checkpointing is None else [activation_checkpointing]
     return [Candidate(p, m, global_batch // m, ac, channels_last=cl)
             for p in precision_options(requested_precision, caps)
@@ -178,20 +179,21 @@ def rank(candidates: list[Candidate], predict: Predictor) -> tuple[list[tuple[Ca
     return fits, out
 
 
-def plan_predictor(workload_meta: dict[str, Any], caps: DeviceCaps, *, global_batch: int) -> Predictor | None:
-    """The planner's prediction (memory and step time) for the built-in gpt on this device;
-    None when the planner has no model of the workload."""
-    gpt = workload_meta.get("gpt")
-    if not gpt:
+def plan_predictor(planned: tuple[Any, int] | None, caps: DeviceCaps, *, global_batch: int) -> Predictor | None:
+    """The planner's prediction (memory and step time) on this device of the model its
+    workload spec describes (``planned``: (ModelSpec, tokens per sample)); None when the planner
+    has no model of the workload."""
+    if planned is None:
         return None
-    from tensorpilot.plan.local import gpt_plan, local_accelerator
+    from tensorpilot.layout import Layout
+    from tensorpilot.plan.local import local_accelerator, local_plan
 
     acc = local_accelerator(caps)
 
     def predict_one(c: Candidate) -> Prediction:
         try:
-            p = gpt_plan(gpt, acc, micro_batch=c.micro_batch, global_batch=global_batch,
-                         precision=c.precision, recompute=c.activation_checkpointing)
+            layout = Layout(micro_batch=c.micro_batch, recompute="full" if c.activation_checkpointing else "none")
+            p = local_plan(*planned, acc, layout=layout, global_batch=global_batch, precision=c.precision)
         except Exception as exc:  # noqa: BLE001 - a precision the device lacks, etc.: no prediction
             return Prediction(True, None, None, f"no prediction ({exc})")
         return Prediction(p.fits, p.step_time_s, p.memory_bytes["total"],
@@ -467,7 +469,7 @@ class Tuner:
                 trial = Trial(cand, Prediction(True, None, None, why_tried))
                 try:
                     self._measure(cand, trial, self._steps_left(trials))
-                except Exception as exc:  # noqa: BLE001 - compile failures fall back to eager
+                except engine.compiler_errors() as exc:       # the compiler failed: stay eager
                     trial.note = f"failed: {type(exc).__name__}: {first_line(exc, 150)}"
                     self.t.opt.zero_grad(set_to_none=True)
                     trials.append(trial)
@@ -488,40 +490,20 @@ class Tuner:
 
 
 # ------------------------------------------------------------------ applying a configuration
-def apply_candidate(trainer, cand: Candidate) -> None:
-    """Reconfigure a set-up Trainer in place: precision, micro-batch x accumulation (same global
-    batch, data position kept), activation checkpointing, compilation, memory format. Model
-    parameters and optimizer state are untouched: trials continue the same training."""
-    from tensorpilot.training import engine, precision
+def candidate_plan(base, cand: Candidate):
+    """``base`` (an ExecutionPlan) with ``cand``'s precision, micro-batch x accumulation (same
+    global batch), activation checkpointing, compilation and memory format."""
+    return base.replace(precision=cand.precision, micro_batch=cand.micro_batch, grad_accum=cand.grad_accum,
+                        activation_checkpointing="blocks" if cand.activation_checkpointing else "none",
+                        compile="on" if cand.compile else "off", compile_mode=cand.compile_mode,
+                        memory_format="channels_last" if cand.channels_last else "contiguous",
+                        why={"precision": f"autotune: {cand.precision}"})
 
-    trainer.choice = precision.choose(cand.precision, trainer.caps)
-    if trainer.choice.grad_scaler and trainer.scaler is None:
-        trainer.scaler = torch.amp.GradScaler(trainer.device.type)
-    elif not trainer.choice.grad_scaler:
-        trainer.scaler = None
-    if trainer.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = trainer.choice.tf32
-        torch.backends.cudnn.allow_tf32 = trainer.choice.tf32
-    cfg = trainer.cfg
-    if (cfg.data.batch_size, cfg.engine.grad_accum) != (cand.micro_batch, cand.grad_accum):
-        cfg.data.batch_size, cfg.engine.grad_accum = cand.micro_batch, cand.grad_accum
-        trainer.rebuild_batches()
-    if bool(trainer.ac_blocks) != cand.activation_checkpointing:
-        if cand.activation_checkpointing:
-            trainer.ac_blocks, _ = engine.apply_activation_checkpointing(trainer.model)
-        else:
-            engine.remove_activation_checkpointing(trainer.model)
-            trainer.ac_blocks = 0
-        cfg.engine.activation_checkpointing = cand.activation_checkpointing
-    if cand.channels_last or getattr(trainer, "_channels_last", False):   # 4-D weights only
-        trainer.model.to(memory_format=torch.channels_last if cand.channels_last else torch.contiguous_format)
-        trainer._channels_last = cand.channels_last
-    trainer.compiled = cand.compile
-    # static shapes: each micro-batch tried gets its own graph instead of one dynamic-shape graph
-    # (slower, and it would misjudge the trial); the run keeps one micro-batch after tuning
-    eager = engine.undo_compile(trainer.model)
-    trainer.step_model = engine.apply_compile(eager, cand.compile_mode, dynamic=False) if cand.compile else eager
-    trainer._compile_unproven = False
+
+def apply_candidate(trainer, cand: Candidate) -> None:
+    """Run a set-up Trainer as ``cand`` from now on, through its one door (``Trainer.apply``):
+    model parameters and optimizer state are untouched, trials continue the same training."""
+    trainer.apply(candidate_plan(trainer.plan, cand))
 
 
 # ----------------------------------------------------------------------- the trainer's entry
@@ -529,20 +511,20 @@ def tune(trainer, step: Callable[[], None]) -> TuneResult:
     """Choose and apply the configuration for a set-up Trainer (one process); prints the table
     of candidates and the reason. ``step`` runs and accounts one real training step."""
     cfg, caps, wl = trainer.cfg, trainer.caps, trainer.workload
-    global_batch = cfg.data.batch_size * cfg.engine.grad_accum
+    global_batch = trainer.plan.micro_batch * trainer.plan.grad_accum
     in_memory = not isinstance(wl.train_data, torch.utils.data.DataLoader)
     rules = rule_choices(caps, data_in_memory=in_memory)
-    if in_memory and cfg.data.num_workers != rules.num_workers:
-        cfg.data.num_workers = rules.num_workers
-        trainer.rebuild_batches()
+    if in_memory and trainer.plan.num_workers != rules.num_workers:
+        trainer.apply(trainer.plan.replace(num_workers=rules.num_workers, why={"num_workers": rules.reason}))
     micro_limit = None
     if caps.kind == "cuda":               # the finder bounds the micro-batch by real memory
         micro_limit = find_batch_size(lambda n: trial_forward_backward(trainer, n),
                                       start=1, limit=global_batch)
     candidates = enumerate_candidates(
-        caps, kind=wl.kind, global_batch=global_batch, requested_precision=cfg.engine.precision,
+        caps, global_batch=global_batch, requested_precision=cfg.engine.precision,
         activation_checkpointing=True if cfg.engine.activation_checkpointing else None,
-        micro_limit=micro_limit or None)
+        micro_limit=micro_limit or None,
+        convolutional=any(isinstance(m, torch.nn.Conv2d) for m in trainer.model.modules()))
     key = cache_key({"meta": wl.meta, "kind": wl.kind, "params": trainer.n_params, "global_batch": global_batch,
                      "precision": cfg.engine.precision, "compile": cfg.engine.compile,
                      "device": caps.name, "flags": sorted(caps.cpu_flags), "torch": torch.__version__,
@@ -554,7 +536,7 @@ def tune(trainer, step: Callable[[], None]) -> TuneResult:
                             "machine (--no-engine.tune_cache to try again)", [], [], rules, 0.0, 0.0,
                             cached=True, cache_file=str(cache_path(key)))
     else:
-        predictor = plan_predictor(wl.meta, caps, global_batch=global_batch) if wl.kind == "gpt" else None
+        predictor = plan_predictor(trainer.spec.plan_model(wl.meta), caps, global_batch=global_batch)
         tuner = Tuner(trainer, step, budget_s=cfg.engine.tune_budget or None, predictor=predictor,
                       compile_requested=cfg.engine.compile, remaining_steps=cfg.train.steps - trainer.step)
         result = tuner.run(candidates, rules)

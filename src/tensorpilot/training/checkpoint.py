@@ -28,46 +28,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tensorpilot.errors import CheckpointError, first_line
-from tensorpilot.files import fsync_path, os_reason
+from tensorpilot.files import fsync_path, os_reason, publish_dir
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 FILES = ("model.safetensors", "state.pt")
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two directory entries in one atomic step (Linux >= 3.15, glibc >= 2.28); False
-    where the OS or the file system cannot (then the caller falls back to two renames)."""
-    import ctypes
-
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2                     # <fcntl.h>, <linux/fs.h>
-    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def publish(tmp: Path, final: Path) -> None:
-    """Put the complete directory ``tmp`` at ``final``, replacing what is there. Readers see the
-    old directory or the new one under ``final``, never a mix and never nothing (where the OS
-    exchanges names; elsewhere a crash between the two renames leaves the previous step as the
-    newest complete checkpoint)."""
-    root = final.parent
-    if final.exists():
-        if _exchange(tmp, final):                           # ``tmp`` now holds the old directory
-            fsync_path(root)
-            shutil.rmtree(tmp, ignore_errors=True)
-            return
-        aside = final.with_name(f"{final.name}.old-{os.getpid()}")
-        shutil.rmtree(aside, ignore_errors=True)
-        os.rename(final, aside)
-        os.rename(tmp, final)
-        fsync_path(root)
-        shutil.rmtree(aside, ignore_errors=True)
-        return
-    os.rename(tmp, final)
-    fsync_path(root)
 
 
 def remove_stale(root: Path) -> None:
@@ -139,7 +103,7 @@ def save(root: Path, step: int, model, state: dict[str, Any], meta: dict[str, An
         for f in (*FILES, "meta.json"):
             fsync_path(tmp / f)
         fsync_path(tmp)
-        publish(tmp, final)
+        publish_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

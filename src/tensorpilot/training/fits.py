@@ -4,7 +4,7 @@ kernel's OOM killer.
 
 Two estimates, both without memory:
 
-* the built-in gpt: the planner's formulas (plan/memory.py: model states per ZeRO's table,
+* a model its workload spec describes to the planner (the built-in gpt): the planner's formulas (plan/memory.py: model states per ZeRO's table,
   activations per Korthikanti et al. 2022) from its shape alone -- nothing is built, so even a
   billion layers is answered at once;
 * any other model: built on the meta device, one forward pass of a full micro-batch run on meta
@@ -25,7 +25,7 @@ from torch import nn
 
 from tensorpilot.errors import ConfigError
 
-__all__ = ["MemoryEstimate", "guard", "estimate_gpt", "estimate_traced", "scaled", "expand_batch",
+__all__ = ["MemoryEstimate", "guard", "estimate_gpt", "estimate_planned", "estimate_traced", "scaled", "expand_batch",
            "free_bytes", "check", "check_class_targets"]
 
 ADAMW_STATE_BYTES_PER_PARAM = 4 + 4 + 8       # fp32 weight, fp32 gradient, AdamW m and v
@@ -44,17 +44,18 @@ class MemoryEstimate:
 
 def guard(build: Callable[[], nn.Module], train_data: Any, meta: dict, loss_fn: Callable | None, *,
           device: torch.device, batch_size: int, seed: int, half_precision: bool, grad_accum: int = 1,
-          share: int = 1, states_split: int = 1, activations_split: int = 1) -> nn.Module:
-    """Check the run fits, then return ``build()``: the built-in gpt from its shape
-    (``meta["gpt"]``), anything else traced on the meta device -- ``build`` runs once under
+          share: int = 1, states_split: int = 1, activations_split: int = 1,
+          planner: tuple[Any, int] | None = None) -> nn.Module:
+    """Check the run fits, then return ``build()``: a model the planner describes (``planner``:
+    its workload spec's (ModelSpec, tokens per sample)) from its shape alone, anything else traced on the meta device -- ``build`` runs once under
     ``torch.device("meta")`` (a user's factory returns its model already built: then a meta copy
     of it is traced). A model meta tensors cannot run goes ahead unchecked. Also checks that a
     tensor dataset's class targets fit the model's outputs (default cross-entropy loss). A step
     holds its ``grad_accum`` micro-batches on the device at once: their inputs count too."""
     batch = meta_batch(train_data, batch_size, seed)
     held = (grad_accum - 1) * _bytes(batch)
-    if "gpt" in meta:
-        est = estimate_gpt(meta["gpt"], batch_size, half_precision, materialized_attention=device.type == "cpu")
+    if planner is not None:
+        est = estimate_planned(*planner, batch_size, half_precision, materialized_attention=device.type == "cpu")
         check(scaled(_plus(est, held), states_split, activations_split), device, share=share)
         return build()
     from tensorpilot.observe.flops import meta_copy
@@ -109,20 +110,27 @@ def meta_batch(train_data: Any, batch_size: int, seed: int) -> Any:
 
 def estimate_gpt(shape: dict[str, Any], micro_batch: int, half_precision: bool,
                  materialized_attention: bool) -> MemoryEstimate:
-    """The built-in gpt's memory from the planner (torch.autocast keeps fp32 weights, gradients
-    and AdamW states: the planner's '*-amp' recipes)."""
+    """The built-in gpt's memory from the planner."""
     from types import SimpleNamespace
 
-    from tensorpilot.plan import memory as pm
     from tensorpilot.plan.models import model_spec_from_gpt_config
 
     spec = model_spec_from_gpt_config(SimpleNamespace(**shape))
+    return estimate_planned(spec, shape["seq_len"], micro_batch, half_precision, materialized_attention)
+
+
+def estimate_planned(spec: Any, seq_len: int, micro_batch: int, half_precision: bool,
+                     materialized_attention: bool) -> MemoryEstimate:
+    """The memory of a model the planner describes (``spec``: a plan.models.ModelSpec);
+    torch.autocast keeps fp32 weights, gradients and AdamW states: the planner's '*-amp' recipes."""
+    from tensorpilot.plan import memory as pm
+
     prec = pm.precision("bf16-amp" if half_precision else "fp32")
     states = sum(pm.model_state_bytes(spec.n_params, prec).values())
     acts = pm.activation_bytes_per_device(
-        spec, seq_len=shape["seq_len"], micro_batch=micro_batch, n_micro=1, act_bytes=prec.act_bytes,
+        spec, seq_len=seq_len, micro_batch=micro_batch, n_micro=1, act_bytes=prec.act_bytes,
         attention="materialized" if materialized_attention else "flash")
-    return MemoryEstimate(states, acts["activations"] + acts["logits"], "planner (built-in gpt)")
+    return MemoryEstimate(states, acts["activations"] + acts["logits"], f"planner ({spec.name})")
 
 
 def scaled(est: MemoryEstimate, states_split: int, activations_split: int) -> MemoryEstimate:

@@ -1,7 +1,9 @@
-"""The training engine for one device: setup applies the techniques, ``fit`` is a plain loop.
+"""The trainer: ``setup`` builds a run from its configuration, its workload spec and an
+execution plan; ``fit`` is a plain loop; ``apply(plan)`` is the one way to change how it runs.
 
-    setup:  device -> precision -> seed -> workload -> FLOPs (meta copy) -> freeze -> activation
-            checkpointing -> optimizer/schedule/scaler -> resume -> compile -> data loaders
+    setup:  process group, device -> run directory -> execution plan (precision, batch) ->
+            workload + spec -> FLOPs (meta copy) -> freeze -> parallelize -> optimizer/schedule ->
+            resume -> apply(techniques: checkpointing, compile) -> data loaders
     fit:    while step < steps: train_step -> log -> evaluate -> checkpoint -> progress
 
 Features decide for themselves inside the loop (``_maybe_save``); there is no callback bus.
@@ -25,21 +27,23 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tensorpilot import __version__
+from tensorpilot import modules
 from tensorpilot.config import RunConfig, to_toml
 from tensorpilot.errors import ConfigError, TensorpilotError, TrainingAborted, exit_at_once, first_line
+from tensorpilot.files import writable_dir, write_atomic
 from tensorpilot.hardware.device import detect, resolve_device
+from tensorpilot.hardware.peak import device_peak, mfu
 from tensorpilot.observe import memory as mem
 from tensorpilot.observe.flops import train_step_flops
 from tensorpilot.observe.logger import MetricsLogger
-from tensorpilot.hardware.peak import device_peak, mfu
 from tensorpilot.observe.progress import TrainProgress
-from tensorpilot.parallel import dcp
 from tensorpilot.parallel.mesh import DistributedError, is_comm_failure
 from tensorpilot.parallel.runtime import Parallel
 from tensorpilot.training import checkpoint as ckpt_io
-from tensorpilot.files import writable_dir, write_atomic
-from tensorpilot.training import engine, fits, loader, optim, precision, rundir
+from tensorpilot.training import dcp, engine, fits, loader, optim, precision, rundir
+from tensorpilot.training.execplan import ExecutionPlan
+from tensorpilot.version import __version__
+from tensorpilot.workloads import specs
 from tensorpilot.workloads.base import Workload
 
 LN2 = math.log(2.0)
@@ -52,6 +56,13 @@ def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> None:
         if key in current and current[key] != old:
             raise ConfigError(f"cannot resume: the checkpoint's model.{key} is {old!r} but this run "
                               f"asks for {current[key]!r}; drop the override or start a new run.")
+
+
+def _restarted_with_checkpoints(run_dir: str | None) -> bool:
+    """True when torchrun restarted this group after a failure (--max-restarts) and ``run_dir``
+    holds a checkpoint to continue from."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return bool(restarts and run_dir and ckpt_io.list_checkpoints(Path(run_dir) / "checkpoints"))
 
 
 class NullLogger:
@@ -79,6 +90,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ setup
     def setup(self) -> None:
+        """Build everything the loop needs, in this order: process group and device -> run
+        directory -> the execution plan's first decisions (precision, batch) -> workload and its
+        spec -> FLOPs (meta copy) -> freeze -> parallelize (several processes) -> optimizer,
+        schedule -> resume -> the techniques through ``apply`` (one process) -> data loaders."""
         cfg = self.cfg
         t_setup = time.perf_counter()
         # one process, or one rank of a torchrun/srun group (joins it here); see parallel/runtime.py
@@ -88,10 +103,9 @@ class Trainer:
         say = self.console.print
         self.device = self.par.ctx.device or torch.device(resolve_device(cfg.train.device))
         self.caps = detect(str(self.device))
-        self.choice = precision.choose(cfg.engine.precision, self.caps)
 
         # torchrun restarted the group after a failure: continue from this run's newest checkpoint
-        resume = "latest" if self.par.restarted_from(cfg.run_dir) else cfg.resume
+        resume = "latest" if _restarted_with_checkpoints(cfg.run_dir) else cfg.resume
         run_dir, resume_from = rundir.resolve(cfg.run_dir, resume, cfg.model.name, cfg.model.size)
         if resume_from is not None:
             saved = ckpt_io.read_meta(resume_from)
@@ -109,9 +123,16 @@ class Trainer:
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = self.choice.tf32
-            torch.backends.cudnn.allow_tf32 = self.choice.tf32
             torch.backends.cudnn.benchmark = not cfg.train.deterministic
+
+        # the plan of the model as built: no technique applied yet (apply() adds them below)
+        choice = precision.choose(cfg.engine.precision, self.caps)
+        self.plan = ExecutionPlan(
+            device=str(self.device), precision=choice.name, micro_batch=cfg.data.batch_size,
+            grad_accum=cfg.engine.grad_accum, num_workers=cfg.data.num_workers,
+            layout=self.par.layout,
+            reasons=(("precision", choice.reason),))
+        self._set_precision(choice)
 
         if self._workload is None:
             from tensorpilot.workloads import registry
@@ -121,42 +142,44 @@ class Trainer:
             wl = self._workload
             self._fits(lambda: wl.model, wl.train_data, wl.meta, wl.loss_fn)
         self.workload = wl = self._workload
+        self.spec = specs.get(wl.kind)
         self.model = wl.model.to(self.device)
-        self.attention = engine.choose_attention(self.model, self.device.type)
+        attention = engine.choose_attention(self.model, self.device.type)
+        if attention:
+            self.plan = self.plan.replace(attention=attention.split(":")[0], why={"attention": attention})
         self.host_memory = (engine.retain_freed_host_memory()
                             if self.device.type == "cpu" and cfg.engine.retain_host_memory else None)
         self.n_params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
 
-        # FLOPs of one micro-batch, counted before any wrapping (model FLOPs, not recompute)
+        # FLOPs of one micro-batch, counted before any wrapping (model FLOPs, not recompute); the
+        # global batch, and so the FLOPs of a step, stay the same whatever micro-batch is chosen
         sample = self._sample_batch()
         self.flops_per_step = train_step_flops(self.model, sample[0], sample[1], wl.loss) * cfg.engine.grad_accum
 
         self.frozen = optim.freeze(self.model, cfg.optim.freeze) if cfg.optim.freeze else []
-        ac_skipped = 0
+        self.ac_blocks, self.step_model, self._compile_unproven = 0, self.model, False
         if self.par.active:
             if resume_from is not None:                 # saved optimizer index -> parameter name
                 self._opt_names = dcp.optimizer_names(self.model, optim.build_optimizer(
                     self.model, cfg.optim, self.device.type)[0])
             # pipeline split -> tensor parallel -> activation checkpointing -> compile (per block)
-            # -> FSDP/DDP, in that fixed order (reasons in parallel/runtime.py)
-            self.compiled = cfg.engine.compile == "on"
-            self.compile_reason = ("compile on as requested (per block)" if self.compiled else
-                                   "not compiling a distributed run (ask with --compile on)")
-            self.model, self.dist_model, self.ac_blocks = self.par.parallelize(
-                self.model, activation_checkpointing=cfg.engine.activation_checkpointing,
-                compile=bool(self.compiled), precision_dtype=self.choice.name if self.choice.name in
-                ("bf16", "fp16") else "fp32", batch_size=cfg.data.batch_size, loss_fn=wl.loss,
-                grad_accum=cfg.engine.grad_accum, device=self.device)
-        else:
-            self.ac_blocks, ac_skipped = engine.apply_activation_checkpointing(self.model) \
-                if cfg.engine.activation_checkpointing else (0, 0)
-        if ac_skipped:
-            say(f"  activation checkpointing skips {ac_skipped} blocks with BatchNorm (recomputing "
-                "them would update running statistics twice)")
+            # -> FSDP/DDP, in that fixed order (reasons in parallel/runtime.py); a parallelized
+            # model keeps these techniques for the whole run
+            compiled = cfg.engine.compile == "on"
+            self.model, self.step_model, self.ac_blocks = self.par.parallelize(
+                self.model, self.spec, activation_checkpointing=cfg.engine.activation_checkpointing,
+                compile=compiled, precision_dtype=choice.name if choice.name in ("bf16", "fp16") else "fp32",
+                batch_size=cfg.data.batch_size, loss_fn=wl.loss, grad_accum=cfg.engine.grad_accum,
+                device=self.device)
+            self.plan = self.plan.replace(
+                activation_checkpointing="blocks" if self.ac_blocks else "none",
+                compile="on" if compiled else "off",
+                why={"compile": "compile on as requested (per block)" if compiled else
+                     "not compiling a distributed run (ask with --compile on)"})
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.opt, self.opt_impl = optim.build_optimizer(self.model, cfg.optim, self.device.type)
+        self.opt, opt_impl = optim.build_optimizer(self.model, cfg.optim, self.device.type)
+        self.plan = self.plan.replace(optimizer=opt_impl, why={"optimizer": f"AdamW ({opt_impl})"})
         self.sched = optim.build_scheduler(self.opt, cfg.optim, cfg.train.steps)
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.choice.grad_scaler else None
 
         self.step, self.samples_seen = 0, 0
         if resume_from is not None:
@@ -165,12 +188,17 @@ class Trainer:
                 raise ConfigError(f"the checkpoint is already at step {self.step}: ask for more "
                                   f"with --steps (now {cfg.train.steps}).")
 
-        if not self.par.active:
-            self.compiled, self.compile_reason = engine.compile_decision(
-                cfg.engine.compile, self.caps, cfg.train.steps - self.step)
-        self._set_compiled(bool(self.compiled))
-
-        self.rebuild_batches()
+        self.batches = None
+        if not self.par.active:                         # the techniques, through the one door
+            compile_on, why = engine.compile_decision(cfg.engine.compile, self.caps, cfg.train.steps - self.step)
+            self.apply(self.plan.replace(
+                activation_checkpointing="blocks" if cfg.engine.activation_checkpointing else "none",
+                compile={True: "on", False: "off", None: "pending"}[compile_on], why={"compile": why}))
+        if self.batches is None:
+            self.rebuild_batches()
+        if self.ac_blocks < len(modules.repeated_blocks(self.model)) and self.plan.checkpointing and not self.par.active:
+            say(f"  activation checkpointing skips {len(modules.repeated_blocks(self.model)) - self.ac_blocks} "
+                "blocks with BatchNorm (recomputing them would update running statistics twice)")
 
         # the run starts for real: what an earlier run left here that contradicts it goes aside
         moved = rundir.prepare(self.run_dir, resume_from) if self.par.is_main else None
@@ -182,16 +210,17 @@ class Trainer:
                         if self.par.is_main else NullLogger())
         self.setup_s = time.perf_counter() - t_setup
 
+        plan = self.plan
         say(f"[bold]tensorpilot[/] {wl.kind} ({self.n_params / 1e6:.2f}M parameters) on "
             + escape(f"{self.caps.name} [{self.device}] -> {self.run_dir}"))
-        say(f"  precision: {escape(self.choice.reason)}")
-        say(f"  compile:   {escape(self.compile_reason)}")
-        say(f"  optimizer: AdamW ({self.opt_impl}), lr {cfg.optim.lr:g}, warm-up {cfg.optim.warmup_steps}, "
-            f"cosine to {cfg.optim.min_lr_ratio:g}x; batch {cfg.data.batch_size} x {cfg.engine.grad_accum} "
+        say(f"  precision: {escape(plan.reason('precision'))}")
+        say(f"  compile:   {escape(plan.reason('compile'))}")
+        say(f"  optimizer: AdamW ({plan.optimizer}), lr {cfg.optim.lr:g}, warm-up {cfg.optim.warmup_steps}, "
+            f"cosine to {cfg.optim.min_lr_ratio:g}x; batch {plan.micro_batch} x {plan.grad_accum} "
             f"micro-batches" + (f"; activation checkpointing on {self.ac_blocks} blocks" if self.ac_blocks else "")
             + (f"; {len(self.frozen)} frozen tensors" if self.frozen else ""))
-        if self.attention:
-            say(f"  attention: {escape(self.attention)}")
+        if plan.attention:
+            say(f"  attention: {escape(plan.reason('attention'))}")
         if self.host_memory:
             say(f"  memory:    {escape(self.host_memory)}")
         if self.par.active:
@@ -201,6 +230,59 @@ class Trainer:
         if moved:
             say(f"  run dir:   {escape(moved)}")
 
+    # ------------------------------------------------------------------- the one way to change
+    def apply(self, plan: ExecutionPlan) -> None:
+        """Run from now on as ``plan`` says: undo and redo what differs from the current plan
+        (precision and loss scaling, micro-batch x accumulation and loader workers, activation
+        checkpointing, memory format, compilation). Parameters, optimizer state, the step and
+        the data position are untouched: training continues where it is. The device, the layout
+        and the optimizer implementation are fixed once the trainer is built."""
+        old = self.plan
+        if not plan.same_devices(old) or plan.optimizer != old.optimizer:
+            raise ValueError(f"the device, layout and optimizer of a built trainer cannot change "
+                             f"({old.device} {old.layout.name} {old.optimizer} -> "
+                             f"{plan.device} {plan.layout.name} {plan.optimizer})")
+        if self.par.active and any(getattr(plan, k) != getattr(old, k) for k in (
+                "activation_checkpointing", "compile", "compile_mode", "memory_format", "micro_batch")):
+            raise ValueError("a parallelized model keeps its techniques and micro-batch for the whole run")
+        if plan.precision != old.precision:
+            self._set_precision(precision.choose(plan.precision, self.caps))
+        if plan.attention != old.attention and plan.attention is not None:
+            engine.set_attention(self.model, plan.attention)
+        if plan.activation_checkpointing != old.activation_checkpointing:
+            if plan.checkpointing:
+                self.ac_blocks, _ = modules.apply_activation_checkpointing(self.model)
+            else:
+                modules.remove_activation_checkpointing(self.model)
+                self.ac_blocks = 0
+        if plan.memory_format != old.memory_format:     # moves 4-D weights; others are unchanged
+            self.model.to(memory_format=torch.channels_last if plan.memory_format == "channels_last"
+                          else torch.contiguous_format)
+        recompile = (plan.compile, plan.compile_mode) != (old.compile, old.compile_mode) \
+            or (plan.compiled and plan.micro_batch != old.micro_batch)
+        if recompile and not self.par.active:
+            eager = modules.undo_compile(self.model)
+            # static shapes: one graph per micro-batch (the run keeps one micro-batch after tuning)
+            self.step_model = modules.apply_compile(eager, plan.compile_mode, dynamic=False) if plan.compiled else eager
+            self._compile_unproven = plan.compiled     # the first step falls back to eager if it fails
+            blocks = modules.repeated_blocks(self.model)
+            plan = plan.replace(compile_scope="blocks" if plan.compile_mode == "default" and blocks else "model")
+        self.plan = plan
+        if self.batches is not None and (plan.micro_batch, plan.grad_accum, plan.num_workers) \
+                != (old.micro_batch, old.grad_accum, old.num_workers):
+            self.rebuild_batches()
+
+    def _set_precision(self, choice: precision.PrecisionChoice) -> None:
+        """Autocast dtype, loss scaling (fp16 on CUDA) and TF32 for ``choice``."""
+        self.choice = choice
+        if choice.grad_scaler and getattr(self, "scaler", None) is None:
+            self.scaler = torch.amp.GradScaler(self.device.type)
+        elif not choice.grad_scaler:
+            self.scaler = None
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = choice.tf32
+            torch.backends.cudnn.allow_tf32 = choice.tf32
+
     def _fits(self, build, train_data, meta: dict, loss_fn=None):
         """``registry.Fits``: one sentence when the run cannot fit in this device's memory,
         before the model is allocated (built-in models) or trained (a user's model)."""
@@ -208,9 +290,9 @@ class Trainer:
             return build()
         lay = self.par.layout
         return fits.guard(
-            build, train_data, meta, loss_fn, device=self.device, batch_size=self.cfg.data.batch_size,
+            build, train_data, meta, loss_fn, device=self.device, batch_size=self.plan.micro_batch,
             seed=self.cfg.train.seed, half_precision=self.choice.autocast is not None,
-            grad_accum=self.cfg.engine.grad_accum,
+            grad_accum=self.plan.grad_accum, planner=self._planner_model(meta),
             # ranks of one machine share its host memory; GPUs are one per process
             share=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.device.type == "cpu" else 1,
             states_split=lay.tp * lay.pp * (lay.dp if lay.sharding == "fsdp" else 1), activations_split=lay.tp)
@@ -218,18 +300,18 @@ class Trainer:
     def rebuild_batches(self) -> None:
         """(Re)start the device-prefetched loader at ``samples_seen`` with the current micro-batch
         and workers (autotune changes them between trials; the sample order stays the same)."""
-        cfg, pin = self.cfg, self.device.type == "cuda"
+        plan, pin = self.plan, self.device.type == "cuda"
         # data-parallel rank r of dp reads its B samples of every global batch of B * dp
         self.batches = loader.DevicePrefetcher(
-            loader.make_loader(self.workload.train_data, cfg.data.batch_size, self.samples_seen,
-                               cfg.data.num_workers, pin, cfg.train.seed,
+            loader.make_loader(self.workload.train_data, plan.micro_batch, self.samples_seen,
+                               plan.num_workers, pin, self.cfg.train.seed,
                                rank=self.par.dp_rank, world=self.par.dp), self.device)
 
     def _tuning_step(self) -> None:
         """One real training step run by autotune, accounted like the loop's own steps."""
-        loss, gnorm, applied = self.train_step()
+        loss, gnorm, applied = self.train_step(fallback=False)    # the tuner handles a failed compile
         self.step += 1
-        self.samples_seen += self.cfg.data.batch_size * self.cfg.engine.grad_accum * self.par.dp
+        self.samples_seen += self.plan.samples_per_step
         self.metrics.log(self.step, "train", {"loss": loss, "grad_norm": gnorm, "autotune_trial": 1})
 
     def _autotune(self) -> None:
@@ -239,11 +321,13 @@ class Trainer:
             self.console.print("  autotune:  not in multi-process runs yet; using the configuration as given")
             return
         self.tune_result = autotune.tune(self, self._tuning_step)
-        self.compile_reason = f"autotune: {'compiled' if self.compiled else 'eager'} ({self.tune_result.reason})"
+        self.plan = self.plan.replace(why={"compile": f"autotune: {'compiled' if self.plan.compiled else 'eager'} "
+                                                      f"({self.tune_result.reason})"})
+        mem.reset_peak(str(self.device))                # the peak of the run, not of the trials
 
     def _sample_batch(self):
         """One micro-batch as training will see it (for FLOP counting on the meta copy)."""
-        return next(iter(loader.make_loader(self.workload.train_data, self.cfg.data.batch_size, 0, 0,
+        return next(iter(loader.make_loader(self.workload.train_data, self.plan.micro_batch, 0, 0,
                                             False, self.cfg.train.seed)))
 
     def autocast(self):
@@ -287,35 +371,31 @@ class Trainer:
         self.sched.step()
         return loss_value, norm_value, finite
 
-    def _set_compiled(self, on: bool) -> None:
-        if self.par.active:                             # compiled per block (or not) in parallelize
-            self.step_model, self._compile_unproven = self.dist_model, False
-            return
-        self.step_model = engine.apply_compile(self.model) if on else engine.undo_compile(self.model)
-        self._compile_unproven = on
-
     def _maybe_compile(self, eager_step_s: float) -> None:
         """compile=auto: decide once an eager step has been timed (the first, warm-up step is not)."""
-        if self.compiled is not None:
+        if self.plan.compile != "pending":
             return
-        self.compiled, self.compile_reason = engine.compile_decision(
-            self.cfg.engine.compile, self.caps, self.cfg.train.steps - self.step, eager_step_s)
-        self._set_compiled(self.compiled)
-        self.console.print(f"  compile:   {escape(self.compile_reason)}")
+        on, why = engine.compile_decision(self.cfg.engine.compile, self.caps,
+                                          self.cfg.train.steps - self.step, eager_step_s)
+        self.apply(self.plan.replace(compile="on" if on else "off", why={"compile": why}))
+        self.console.print(f"  compile:   {escape(why)}")
 
-    def train_step(self) -> tuple[float, float, bool]:
-        batches = [next(self.batches) for _ in range(self.cfg.engine.grad_accum)]
-        if not self._compile_unproven:
-            return self._update(batches)
+    def train_step(self, fallback: bool = True) -> tuple[float, float, bool]:
+        """One optimizer step. The first step after compilation was switched on falls back to
+        eager when the compiler fails (``fallback``); any other error is the caller's."""
+        batches = [next(self.batches) for _ in range(self.plan.grad_accum)]
+        if not (self._compile_unproven and fallback):
+            result = self._update(batches)
+            self._compile_unproven = False
+            return result
         try:
             result = self._update(batches)
-        except Exception as exc:                        # noqa: BLE001 - any compile failure
-            first = first_line(exc)
-            self.console.print(f"[yellow]torch.compile failed ({type(exc).__name__}: {first}); "
+        except engine.compiler_errors() as exc:
+            self.console.print(f"[yellow]torch.compile failed ({type(exc).__name__}: {first_line(exc)}); "
                                "continuing in eager mode.[/]")
             self.opt.zero_grad(set_to_none=True)
-            self.step_model, self.compiled = engine.undo_compile(self.model), False
-            self.compile_reason += " -> failed, fell back to eager"
+            self.apply(self.plan.replace(compile="off", why={
+                "compile": self.plan.reason("compile") + " -> failed, fell back to eager"}))
             result = self._update(batches)
         self._compile_unproven = False
         return result
@@ -372,7 +452,6 @@ class Trainer:
         window: list[float] = []
         bad_streak, skipped = 0, 0
         last_loss = last_val = float("nan")
-        samples_per_step = cfg.data.batch_size * cfg.engine.grad_accum * self.par.dp
         initial_val = self.evaluate() if self.step == 0 else None
         if initial_val is not None:
             self.metrics.log(0, "val", {"loss": initial_val, **self._bpb(initial_val)})
@@ -384,7 +463,7 @@ class Trainer:
             loss, gnorm, applied = self.train_step()
             dt = time.perf_counter() - t0
             self.step += 1
-            self.samples_seen += samples_per_step
+            self.samples_seen += self.plan.samples_per_step
             if self.step > first_step + 1:              # the first step pays for warm-up/compile
                 timed_s, timed_steps = timed_s + dt, timed_steps + 1
                 self._maybe_compile(dt)
@@ -398,7 +477,7 @@ class Trainer:
             if applied:
                 window.append(loss)
                 last_loss = loss
-            rate = samples_per_step / dt
+            rate = self.plan.samples_per_step / dt
             if self.step % cfg.train.log_interval == 0 or self.step == cfg.train.steps:
                 self.metrics.log(self.step, "train", {
                     "loss": sum(window) / len(window) if window else float("nan"),
@@ -448,7 +527,7 @@ class Trainer:
         was_training = model.training
         model.eval()
         it = iter(val if isinstance(val, torch.utils.data.DataLoader)
-                  else loader.make_loader(val, self.cfg.data.batch_size, 0, 0, False, self.cfg.train.seed + 1))
+                  else loader.make_loader(val, self.plan.micro_batch, 0, 0, False, self.cfg.train.seed + 1))
         total, n = torch.zeros((), device=self.device), 0
         for _ in range(self.cfg.train.eval_batches):
             if self._stop_signal is not None and not self.par.pipelined:
@@ -459,7 +538,7 @@ class Trainer:
                 break
             with self.autocast():
                 if self.par.pipelined:
-                    total += self.par.pipeline_step(x, y, train=False) * self.cfg.engine.grad_accum
+                    total += self.par.pipeline_step(x, y, train=False) * self.plan.grad_accum
                 else:
                     total += self.workload.loss(model(x), y).float()
             n += 1
@@ -601,13 +680,12 @@ class Trainer:
 
     def _bpb(self, loss: float) -> dict[str, float]:
         # byte-level language model: nats per byte / ln 2 = bits per byte
-        return {"bpb": loss / LN2} if self.workload.kind == "gpt" else {}
+        return {"bpb": loss / LN2} if self.spec.bits_per_byte else {}
 
     def _summary(self, t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped) -> dict[str, Any]:
-        cfg = self.cfg
-        samples_per_step = cfg.data.batch_size * cfg.engine.grad_accum * self.par.dp
+        cfg, plan = self.cfg, self.plan
         steps_per_s = timed_steps / timed_s if timed_steps else None
-        samples_per_s = steps_per_s * samples_per_step if steps_per_s else None
+        samples_per_s = steps_per_s * plan.samples_per_step if steps_per_s else None
         achieved = self.flops_per_step * steps_per_s if steps_per_s else None
         peak = device_peak(str(self.device), self.choice.matmul_dtype)
         basis_flops, basis_source = peak.mfu_basis
@@ -616,11 +694,11 @@ class Trainer:
             "tensorpilot": __version__, "run_dir": str(self.run_dir),
             "model": cfg.model.name, "size": cfg.model.size, "parameters": self.n_params,
             "device": str(self.device), "device_name": self.caps.name,
-            "precision": self.choice.name, "precision_reason": self.choice.reason,
-            "compiled": bool(self.compiled), "compile_reason": self.compile_reason,
-            "activation_checkpointing": bool(self.ac_blocks), "grad_accum": cfg.engine.grad_accum,
-            "optimizer": f"AdamW ({self.opt_impl})", "attention": self.attention,
-            "host_memory": self.host_memory,
+            "precision": plan.precision, "precision_reason": plan.reason("precision"),
+            "compiled": plan.compiled, "compile_reason": plan.reason("compile"),
+            "activation_checkpointing": bool(self.ac_blocks), "grad_accum": plan.grad_accum,
+            "optimizer": f"AdamW ({plan.optimizer})", "attention": plan.reason("attention") or None,
+            "host_memory": self.host_memory, "execution_plan": plan.to_dict(),
             "steps": self.step, "skipped_steps": skipped,
             "samples_per_s": samples_per_s, "tokens_per_s": (samples_per_s * self.workload.tokens_per_sample
                                                              if samples_per_s and self.workload.tokens_per_sample else None),
@@ -637,33 +715,35 @@ class Trainer:
             "wall_s": time.perf_counter() - t_fit + self.setup_s, "setup_s": self.setup_s,
             "train_s": time.perf_counter() - t_fit,
         }
-        if self.workload.kind == "gpt":
+        if self.spec.bits_per_byte:
             out["final_val_bpb"] = last_val / LN2
         out["checkpoint"] = str(getattr(self, "last_checkpoint", "") or "") or None
         tuned = getattr(self, "tune_result", None)
         out["autotune"] = tuned.to_dict() if tuned is not None else None
-        out["parallel"] = {"layout": self.par.plan_layout().name, "world_size": self.par.layout.world,
-                           "dp": self.par.dp, "tp": self.par.layout.tp, "pp": self.par.layout.pp,
-                           "sharding": self.par.layout.sharding,
+        lay = plan.layout
+        out["parallel"] = {"layout": lay.name, "world_size": lay.world, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
+                           "sharding": lay.sharding,
                            "step_s": 1.0 / steps_per_s if steps_per_s else None}
         out["predicted"] = self._prediction(1.0 / steps_per_s if steps_per_s else None) if self.par.is_main else None
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
+    def _planner_model(self, meta: dict) -> tuple[Any, int] | None:
+        """(ModelSpec, tokens per sample) of this run's model for the planner, from its workload
+        spec (the workload being built is the one the config names, or the one given)."""
+        kind = self._workload.kind if self._workload is not None else self.cfg.model.name
+        return specs.get(kind).plan_model(meta)
+
     def _prediction(self, measured_step_s: float | None) -> dict[str, Any] | None:
         """The planner's step time and memory for this run (same model, batch, precision and
         layout) next to what was measured: plan and train are checked against each other."""
-        gpt = self.workload.meta.get("gpt")
-        if not gpt:
+        planned = self.spec.plan_model(self.workload.meta)
+        if planned is None:
             return None
-        from tensorpilot.plan.local import gpt_plan, local_accelerator
+        from tensorpilot.plan.local import local_accelerator, local_plan
 
-        cfg, lay = self.cfg, self.par.plan_layout()
         try:
-            p = gpt_plan(gpt, local_accelerator(self.caps), micro_batch=cfg.data.batch_size,
-                         global_batch=cfg.data.batch_size * cfg.engine.grad_accum * self.par.dp,
-                         precision=self.choice.name, recompute=bool(self.ac_blocks),
-                         layout_kwargs=dict(dp=lay.dp, tp=lay.tp, pp=lay.pp, sharding=lay.sharding,
-                                            sequence_parallel=lay.sequence_parallel, schedule=lay.schedule))
+            p = local_plan(*planned, local_accelerator(self.caps), layout=self.plan.layout,
+                           global_batch=self.plan.samples_per_step, precision=self.plan.precision)
         except TensorpilotError as exc:
             return {"error": str(exc)}
         return {"hardware": p.hardware, "layout": p.layout, "step_time_s": p.step_time_s,

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tensorpilot.plan.models import GPT_SIZES
+
 
 @dataclass(kw_only=True, slots=True)
 class GPTConfig:
@@ -64,14 +66,8 @@ def gpt_config_from_meta(shape: Any, where: Any) -> GPTConfig:
     return cfg
 
 
-# Byte-level presets. "small" is the 6-layer, 384-wide reference of the benchmarks; "large" is
-# GPT-2 small's body (Radford et al. 2019) with a byte vocabulary.
-SIZES: dict[str, dict[str, int]] = {
-    "tiny": dict(n_layer=4, n_head=4, d_model=128, seq_len=128),
-    "small": dict(n_layer=6, n_head=6, d_model=384, seq_len=256),
-    "medium": dict(n_layer=8, n_head=8, d_model=512, seq_len=512),
-    "large": dict(n_layer=12, n_head=12, d_model=768, seq_len=1024),
-}
+# the byte-level presets live in the planner's model catalog, which knows every named shape
+SIZES = GPT_SIZES
 
 
 # Largest attention-score tensor (B x H x T x T elements) the "math" path materialises; above
@@ -79,10 +75,9 @@ SIZES: dict[str, dict[str, int]] = {
 MATH_ATTENTION_MAX_SCORES = 2**28
 
 
-# Query rows per block of math_attention. benchmarks/cpu_kernels.py (gpt small layer, bf16, T 256,
-# forward + backward): blocks of 128 take 17-19 ms eager or compiled in every run, the same
-# formula as one block 15-32 ms (it leaves the cache when anything else runs), SDPA's CPU flash
-# kernel 37-41 ms. Smaller blocks skip more of the masked half but run more, smaller matmuls.
+# Query rows per block of math_attention: small enough for a block's scores to stay in cache,
+# large enough for efficient matmuls; smaller blocks skip more of the masked half but run more,
+# smaller matmuls (benchmarks/cpu_kernels.py compares block sizes and SDPA's CPU kernel).
 ATTENTION_QUERY_BLOCK = 128
 
 

@@ -164,9 +164,9 @@ def build_custom(mcfg: ModelConfig, dcfg: DataConfig, seed: int, fits: Fits = _n
                       f"got {type(made).__name__}.")
 
 
-BUILDERS = {"gpt": build_gpt, "mlp": build_mlp, "cnn": build_cnn}
-
-
 def build(mcfg: ModelConfig, dcfg: DataConfig, seed: int, fits: Fits = _no_check) -> Workload:
-    builder = BUILDERS.get(mcfg.name, build_custom)
-    return builder(mcfg, dcfg, seed, fits)
+    """The workload ``mcfg.name`` names: a registered spec's builder, or the user's factory."""
+    from tensorpilot.workloads import specs
+
+    specs.check_model_name(mcfg.name)
+    return (specs.get(mcfg.name).build or build_custom)(mcfg, dcfg, seed, fits)

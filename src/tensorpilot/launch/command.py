@@ -1,5 +1,5 @@
 """``tensorpilot launch slurm|k8s``: write the job files for a multi-node run (argparse only here;
-the writers live in parallel/jobfiles.py)."""
+the writers live in launch/jobfiles.py)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from tensorpilot import files
-    from tensorpilot.parallel import jobfiles
+    from tensorpilot.launch import jobfiles
 
     jobfiles.check_job_size(args.nodes, args.gpus)
     train_args = _train_args(args.train_args)
@@ -99,7 +99,7 @@ def _train_args(remainder: list[str] | None) -> list[str]:
     run configuration's types and rules, so a typo or an impossible value fails here, not in a
     queued job. No path is opened: the paths name the cluster's storage."""
     from tensorpilot.errors import ConfigError
-    from tensorpilot.parallel.jobfiles import check_train_args
+    from tensorpilot.launch.jobfiles import check_train_args
 
     args = list(remainder or [])
     if args[:1] == ["--"]:
@@ -131,8 +131,8 @@ def _check_train_values(known: argparse.Namespace) -> None:
     Standard library only, like the configuration."""
     import dataclasses
 
-    from tensorpilot.api import overrides_to_mapping
-    from tensorpilot.config import SECTIONS, RunConfig, apply_mapping
+    from tensorpilot.config import SECTIONS, RunConfig, apply_mapping, overrides_to_mapping
+    from tensorpilot.workloads import specs
 
     given = {k[len("set:"):]: v for k, v in vars(known).items() if k.startswith("set:")}
     cfg = apply_mapping(RunConfig(), overrides_to_mapping(given))
@@ -141,6 +141,7 @@ def _check_train_values(known: argparse.Namespace) -> None:
         if name == "data":
             section = dataclasses.replace(section, path=None, targets_path=None)
         section.validate()
+    specs.check_model_name(cfg.model.name)
 
 
 class _ParseError(Exception):
@@ -148,7 +149,7 @@ class _ParseError(Exception):
 
 
 def _train_parser() -> argparse.ArgumentParser:
-    from tensorpilot.cli import add_train_arguments
+    from tensorpilot.trainargs import add_train_arguments
 
     parser = argparse.ArgumentParser(prog="tensorpilot train", add_help=False)
     add_train_arguments(parser)

@@ -1,7 +1,7 @@
 """Job files for multi-node runs: an sbatch script for SLURM and a Kubeflow PyTorchJob for
 Kubernetes. Each runs ``tensorpilot train`` through torchrun on every node (c10d rendezvous,
 restarts from the newest checkpoint on shared storage). Starting processes on this machine is
-parallel/launch.py's job."""
+launch/torchrun.py's job."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import re
 import shlex
 
 from tensorpilot.errors import ConfigError
+# the Kubernetes rules are shared with `deploy k8s`; re-exported, as callers import them from here
+from tensorpilot.k8s import (check_dns_label, check_dns_subdomain, check_image, check_quantity,
+                             is_dns1035_label, shown)
 
 DEFAULT_PORT = 29500
 
@@ -28,13 +31,6 @@ MAX_RESTARTS = 1000
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SLURM_WORD = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+)(?::(\d+))?)?")
-_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_DNS1035_LABEL = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*")
-# Kubernetes resource.Quantity: a decimal number and a binary (Ki..Ei), decimal (k..E) or
-# exponent suffix (k8s.io/apimachinery/pkg/api/resource/quantity.go); milli ('m') makes no
-# sense for bytes and is left out
-_QUANTITY = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|[eE][+-]?\d{1,2})?")
 _SHELL_VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
 
 
@@ -107,38 +103,10 @@ def check_k8s_job_name(name: str, nodes: int) -> None:
     NAME-worker-I, which must stay within a label's 63 characters."""
     suffix = max(len("-master-0"), len(f"-worker-{nodes - 2}") if nodes > 1 else 0)
     longest = 63 - suffix
-    if not _DNS1035_LABEL.fullmatch(name) or len(name) > longest:
-        raise ConfigError(f"job name {name!r} must be a DNS-1035 label: lowercase letters, digits and '-', "
+    if not is_dns1035_label(name, max_length=longest):
+        raise ConfigError(f"job name {shown(name)} must be a DNS-1035 label: lowercase letters, digits and '-', "
                           f"starting with a letter and ending with a letter or digit, at most {longest} "
                           "characters here (the operator names its pods NAME-worker-N).")
-
-
-def check_dns_label(what: str, value: str) -> None:
-    """RFC 1123 label, Kubernetes' rule for namespaces: lowercase letters, digits and '-',
-    starting and ending with a letter or digit, at most 63 characters."""
-    if not re.fullmatch(_DNS_LABEL, value) or len(value) > 63:
-        raise ConfigError(f"{what} {value!r} must be a DNS-1123 label: 1-63 lowercase letters, digits and '-', "
-                          "starting and ending with a letter or digit.")
-
-
-def check_dns_subdomain(what: str, value: str) -> None:
-    """RFC 1123 subdomain, Kubernetes' rule for most object names (claims, storage classes):
-    DNS-1123 labels joined by '.', at most 253 characters."""
-    if not _DNS_SUBDOMAIN.fullmatch(value) or len(value) > 253:
-        raise ConfigError(f"{what} {value!r} must be a DNS-1123 subdomain: lowercase letters, digits, '-' and "
-                          "'.', starting and ending with a letter or digit, at most 253 characters.")
-
-
-def check_image(image: str) -> None:
-    if not image or len(image) > 4096 or re.search(r"[\s\x00-\x1f\x7f]", image):
-        raise ConfigError(f"--image {image!r} must be an image reference without spaces or control characters "
-                          "(e.g. ghcr.io/org/tensorpilot:1.0).")
-
-
-def check_quantity(what: str, value: str) -> None:
-    m = _QUANTITY.fullmatch(value) if len(value) <= 64 else None
-    if m is None or float(m.group(1)) <= 0:
-        raise ConfigError(f"{what} {value!r} must be a positive Kubernetes quantity, e.g. 100Gi, 500G or 2Ti.")
 
 
 def check_max_restarts(max_restarts: int) -> None:

@@ -1,5 +1,5 @@
 """Starting the processes of a run on this machine: ``tensorpilot train --nproc N`` through
-torchrun (job files for SLURM and Kubernetes: parallel/jobfiles.py).
+torchrun (job files for SLURM and Kubernetes: launch/jobfiles.py).
 
 ``train --nproc N`` does not re-implement process management: it writes the effective
 configuration to ``<run-dir>/launch.toml`` and runs torchrun's own agent in this process
@@ -10,6 +10,7 @@ sees TORCHELASTIC_RESTART_COUNT > 0 and resumes from the run's newest checkpoint
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -73,7 +74,10 @@ def launch_train(cfg, console=None) -> int:
     # the workers' run directory, by the trainer's own rule (a resumed run continues in the
     # directory of its checkpoint), checked before any process starts
     run_dir, _ = rundir.resolve(cfg.run_dir, cfg.resume, cfg.model.name, cfg.model.size)
-    cfg.run_dir = str(run_dir)
+    # the workers' configuration names that directory ('latest': this run's newest checkpoint);
+    # a copy: the caller's configuration is not changed
+    cfg = dataclasses.replace(cfg, run_dir=str(run_dir),
+                              resume=str(run_dir) if cfg.resume == "latest" else cfg.resume)
     held = rundir.lock(run_dir)             # for the whole group (restarts included); workers inherit it
     os.environ[rundir.LOCK_ENV] = str(run_dir.resolve())
     try:
@@ -88,8 +92,6 @@ def _run_torchrun(cfg, run_dir: Path, console) -> int:
     from tensorpilot.files import write_atomic
 
     p = cfg.parallel
-    if cfg.resume == "latest":              # 'latest' means this run's newest checkpoint
-        cfg.resume = str(run_dir)
     config_path = run_dir / "launch.toml"
     write_atomic(config_path, to_toml(cfg), "launch configuration")
 

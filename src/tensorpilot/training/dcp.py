@@ -13,7 +13,7 @@ Layout of ``<run-dir>/checkpoints/step_00000100/`` (same directory names as sing
 
 Atomic like the single-process format: every rank writes into ``step_*.tmp-dcp``; once the DCP
 save has returned on all ranks (it ends with a collective), rank 0 adds state.pt and meta.json,
-fsyncs and puts the directory in place (``checkpoint.publish``: an earlier run's directory of
+fsyncs and puts the directory in place (``files.publish_dir``: an earlier run's directory of
 the same step is replaced, never kept).
 
 A single-process checkpoint (model.safetensors + state.pt keyed by optimizer parameter index)
@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from tensorpilot.errors import CheckpointError, first_line
-from tensorpilot.files import fsync_path
+from tensorpilot.files import fsync_path, publish_dir
 from tensorpilot.training import checkpoint as ckpt_io
 
 FORMAT = "dcp"
@@ -51,12 +51,6 @@ def _options(**kw):
     # flattened optimizer keys: pipeline stages hold different parameters, and their param_groups
     # must not collide under one key
     return StateDictOptions(flatten_optimizer_state_dict=True, **kw)
-
-
-def _distributed() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
 
 
 def save(root: Path, step: int, model: nn.Module, optimizer, state: dict[str, Any], meta: dict[str, Any],
@@ -83,7 +77,7 @@ def save(root: Path, step: int, model: nn.Module, optimizer, state: dict[str, An
         for f in tmp.iterdir():
             fsync_path(f)
         fsync_path(tmp)
-        ckpt_io.publish(tmp, final)                     # replaces an earlier run's same step
+        publish_dir(tmp, final)                     # replaces an earlier run's same step
         for old in ckpt_io.list_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         ckpt_io.remove_stale(root)
