@@ -146,8 +146,8 @@ def main(argv=None) -> int:
         timed("tp-auto")
     for k in times:
         times[k].clear()
-    print(f"warm-up {time.perf_counter() - t_warm:.0f} s; tp-auto chose {auto.choice.name}, "
-          f"compiled={auto.compiled} ({auto.compile_reason})", flush=True)
+    print(f"warm-up {time.perf_counter() - t_warm:.0f} s; tp-auto chose {auto.plan.precision}, "
+          f"compiled={auto.plan.compiled} ({auto.plan.reason('compile')})", flush=True)
 
     ceil_bf16, ceil_fp32, overhead, speedup, quiet = [], [], [], [], []
     for r in range(args.rounds):
@@ -177,8 +177,8 @@ def main(argv=None) -> int:
         "benchmark": "train_overhead", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(), "size": args.size, "batch_size": args.batch_size, "rounds": args.rounds,
-        "tp_auto_choice": {"precision": auto.choice.name, "compiled": bool(auto.compiled),
-                           "reason": auto.compile_reason},
+        "tp_auto_choice": {"precision": auto.plan.precision, "compiled": auto.plan.compiled,
+                           "reason": auto.plan.reason("compile"), "execution_plan": auto.plan.to_dict()},
         "median_step_s": step_s,
         "overhead_ratio_tp_over_hand": median(overhead),
         "overhead_ratio_quiet_rounds": median(quiet_overhead) if quiet_overhead else None,

@@ -116,7 +116,9 @@ def test_a_distributed_checkpoint_of_the_same_step_is_replaced(tmp_path, monkeyp
     from tensorpilot.workloads.gpt import GPT, GPTConfig
 
     if not exchange:
-        monkeypatch.setattr(ckpt_io, "_exchange", lambda a, b: False)
+        from tensorpilot import files
+
+        monkeypatch.setattr(files, "_exchange", lambda a, b: False)
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
         models = []

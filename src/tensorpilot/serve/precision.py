@@ -3,9 +3,10 @@ and say what it costs in accuracy.
 
 ``auto`` measures instead of guessing: every precision this device runs fast is timed on one
 batch and compared with fp32 on a held-out batch; the fastest one that agrees with fp32 on the
-top-1 class of at least ``min_agreement`` of the rows (and is >= 1.1x faster) wins. Measured on
-this 2-core AVX512-BF16 CPU for the gpt "small" preset at batch 8: bf16 autocast 2.8x, int8
-dynamic 3.4x faster than fp32 (benchmarks/serve_load.py reports the served figures).
+top-1 class of at least ``min_agreement`` of the rows (and is >= 1.1x faster) wins. Which one
+that is depends on the device: where bf16 has matrix instructions (AMX, Tensor Cores) it is
+several times fp32, elsewhere int8 dynamic quantization may win (benchmarks/serve_load.py and
+benchmarks/RESULTS.md give the measured figures).
 """
 
 from __future__ import annotations

@@ -87,6 +87,21 @@ class Trainer:
         self.console = console or Console(highlight=False)
         self._workload = workload
         self._stop_signal: int | None = None
+        # what setup() builds, None until it has (fit() releases whatever exists on the way out)
+        self.par: Parallel | None = None
+        self.device: torch.device | None = None
+        self.run_dir: Path | None = None
+        self.model: torch.nn.Module | None = None
+        self.plan: ExecutionPlan | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+        self.batches = None
+        self.metrics: MetricsLogger | NullLogger | None = None
+        self._lock: rundir.RunLock | None = None
+        self.step, self.samples_seen = 0, 0
+        self.last_checkpoint: Path | None = None
+        self._saved_step: int | None = None
+        self.tune_result = None
+        self._started = False                           # the loop runs: a stop signal saves first
 
     # ------------------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -275,7 +290,7 @@ class Trainer:
     def _set_precision(self, choice: precision.PrecisionChoice) -> None:
         """Autocast dtype, loss scaling (fp16 on CUDA) and TF32 for ``choice``."""
         self.choice = choice
-        if choice.grad_scaler and getattr(self, "scaler", None) is None:
+        if choice.grad_scaler and self.scaler is None:
             self.scaler = torch.amp.GradScaler(self.device.type)
         elif not choice.grad_scaler:
             self.scaler = None
@@ -408,7 +423,7 @@ class Trainer:
         previous, progress = None, None
         try:
             previous = self._install_signal_handlers()
-            if not hasattr(self, "model"):
+            if self.model is None:
                 self.setup()
             self._started = True                        # from here a stop signal saves a checkpoint
             progress = TrainProgress(self.console, self.cfg.train.steps, self.step,
@@ -421,18 +436,18 @@ class Trainer:
             if progress is not None:
                 progress.close()
             self._restore_signal_handlers(previous)
-            if hasattr(self, "metrics"):
+            if self.metrics is not None:
                 self.metrics.close()
-            if hasattr(self, "_lock"):
+            if self._lock is not None:
                 self._lock.release()
-            if hasattr(self, "par"):
+            if self.par is not None:
                 self.par.close()
         self.print_summary(summary)
         return summary
 
     def _explain(self, exc: RuntimeError) -> BaseException:
         """A RuntimeError a user can cause, as one sentence; anything else unchanged (a bug)."""
-        if not hasattr(self, "device"):                 # setup did not get that far
+        if self.device is None:                         # setup did not get that far
             return exc
         if self.par.active and is_comm_failure(exc):
             return DistributedError(f"rank {self.par.ctx.rank} lost its peers at step {self.step} "
@@ -440,7 +455,7 @@ class Trainer:
                                     "failed; rerun with --max-restarts to recover from checkpoints.")
         if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc) \
                 or "not enough memory" in str(exc):
-            return TrainingAborted(f"ran out of {self.device.type} memory at step {getattr(self, 'step', 0)} "
+            return TrainingAborted(f"ran out of {self.device.type} memory at step {self.step} "
                                    f"({first_line(exc, 160)}); use a smaller --batch-size or model, "
                                    f"or --engine.activation_checkpointing. {self._last_good_note()}")
         return exc
@@ -564,7 +579,7 @@ class Trainer:
     def _save(self, force: bool = False) -> Path | None:
         if not (self.cfg.checkpoint.enabled or force):
             return None
-        if getattr(self, "_saved_step", None) == self.step:   # e.g. a stop right after an interval save
+        if self._saved_step == self.step:   # e.g. a stop right after an interval save
             return self.last_checkpoint
         self._saved_step = self.step
         if self.par.active:                             # every rank writes its shards
@@ -581,7 +596,7 @@ class Trainer:
             self._save()
 
     def _last_good_note(self) -> str:
-        if not hasattr(self, "run_dir"):
+        if self.run_dir is None:
             return "No checkpoint was written."
         ckpts = ckpt_io.list_checkpoints(self.run_dir / "checkpoints")
         return f"The last good checkpoint is {ckpts[-1]}." if ckpts else "No checkpoint was written."
@@ -645,7 +660,7 @@ class Trainer:
 
         def handler(signum, frame):
             name = signal.Signals(signum).name
-            if not getattr(self, "_started", False):    # still setting up: nothing to save yet
+            if not self._started:    # still setting up: nothing to save yet
                 if signum == signal.SIGINT:             # Python's own way (a notebook survives it)
                     raise KeyboardInterrupt
                 exit_at_once("train", f"interrupted by {name} before training started; no checkpoint "
@@ -717,8 +732,8 @@ class Trainer:
         }
         if self.spec.bits_per_byte:
             out["final_val_bpb"] = last_val / LN2
-        out["checkpoint"] = str(getattr(self, "last_checkpoint", "") or "") or None
-        tuned = getattr(self, "tune_result", None)
+        out["checkpoint"] = str(self.last_checkpoint) if self.last_checkpoint else None
+        tuned = self.tune_result
         out["autotune"] = tuned.to_dict() if tuned is not None else None
         lay = plan.layout
         out["parallel"] = {"layout": lay.name, "world_size": lay.world, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
