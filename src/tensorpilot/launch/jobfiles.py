@@ -30,7 +30,7 @@ MAX_RESTARTS = 1000
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SLURM_WORD = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-_SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+)(?::(\d+))?)?")
+_SLURM_TIME = re.compile(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+)(?::([0-9]+))?)?")       # ASCII digits
 _SHELL_VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
 
 

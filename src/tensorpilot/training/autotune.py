@@ -37,6 +37,7 @@ import torch
 
 from tensorpilot.errors import first_line
 from tensorpilot.hardware.device import DeviceCaps
+from tensorpilot.training.execplan import run_label
 
 TRIAL_STEPS = 2           # timed steps per candidate, after one untimed warm-up step ...
 MIN_TRIAL = 1 + TRIAL_STEPS
@@ -68,14 +69,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        parts = [self.precision, f"{self.micro_batch}x{self.grad_accum}"]
-        if self.activation_checkpointing:
-            parts.append("ckpt")
-        if self.compile:
-            parts.append("compile" + ("+cudagraphs" if self.compile_mode == "reduce-overhead" else ""))
-        if self.channels_last:
-            parts.append("channels_last")
-        return " ".join(parts)
+        return run_label(self.precision, self.micro_batch, self.grad_accum, self.activation_checkpointing,
+                         self.compile, self.compile_mode, self.channels_last)
 
 
 def precision_options(requested: str, caps: DeviceCaps) -> list[str]:

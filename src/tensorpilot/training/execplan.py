@@ -15,7 +15,7 @@ from typing import Any
 
 from tensorpilot.layout import Layout
 
-__all__ = ["ExecutionPlan", "PRECISIONS", "COMPILE", "MEMORY_FORMATS", "CHECKPOINTING"]
+__all__ = ["ExecutionPlan", "run_label", "PRECISIONS", "COMPILE", "MEMORY_FORMATS", "CHECKPOINTING"]
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 COMPILE = ("off", "on", "pending")          # pending: compile=auto, decided once an eager step is timed
@@ -23,6 +23,20 @@ COMPILE_MODES = ("default", "reduce-overhead")
 COMPILE_SCOPES = ("blocks", "model")         # per repeated block (regional), or the whole model
 MEMORY_FORMATS = ("contiguous", "channels_last")
 CHECKPOINTING = ("none", "blocks")           # activation checkpointing of every repeated block
+
+
+def run_label(precision: str, micro_batch: int, grad_accum: int, checkpointing: bool, compiled: bool,
+              compile_mode: str, channels_last: bool) -> str:
+    """'bf16 16x2 ckpt compile+cudagraphs channels_last': how a plan or an autotune candidate is
+    named in tables and summaries."""
+    parts = [precision, f"{micro_batch}x{grad_accum}"]
+    if checkpointing:
+        parts.append("ckpt")
+    if compiled:
+        parts.append("compile" + ("+cudagraphs" if compile_mode == "reduce-overhead" else ""))
+    if channels_last:
+        parts.append("channels_last")
+    return " ".join(parts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,14 +99,8 @@ class ExecutionPlan:
 
     def label(self) -> str:
         """Short form, e.g. 'bf16 16x2 ckpt compile'."""
-        parts = [self.precision, f"{self.micro_batch}x{self.grad_accum}"]
-        if self.checkpointing:
-            parts.append("ckpt")
-        if self.compiled:
-            parts.append("compile" + ("+cudagraphs" if self.compile_mode == "reduce-overhead" else ""))
-        if self.memory_format == "channels_last":
-            parts.append("channels_last")
-        return " ".join(parts)
+        return run_label(self.precision, self.micro_batch, self.grad_accum, self.checkpointing, self.compiled,
+                         self.compile_mode, self.memory_format == "channels_last")
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("layout", "reasons")}

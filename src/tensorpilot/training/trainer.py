@@ -196,14 +196,12 @@ class Trainer:
         self.plan = self.plan.replace(optimizer=opt_impl, why={"optimizer": f"AdamW ({opt_impl})"})
         self.sched = optim.build_scheduler(self.opt, cfg.optim, cfg.train.steps)
 
-        self.step, self.samples_seen = 0, 0
         if resume_from is not None:
             self._restore(resume_from)
             if self.step >= cfg.train.steps:
                 raise ConfigError(f"the checkpoint is already at step {self.step}: ask for more "
                                   f"with --steps (now {cfg.train.steps}).")
 
-        self.batches = None
         if not self.par.active:                         # the techniques, through the one door
             compile_on, why = engine.compile_decision(cfg.engine.compile, self.caps, cfg.train.steps - self.step)
             self.apply(self.plan.replace(
@@ -211,9 +209,10 @@ class Trainer:
                 compile={True: "on", False: "off", None: "pending"}[compile_on], why={"compile": why}))
         if self.batches is None:
             self.rebuild_batches()
-        if self.ac_blocks < len(modules.repeated_blocks(self.model)) and self.plan.checkpointing and not self.par.active:
-            say(f"  activation checkpointing skips {len(modules.repeated_blocks(self.model)) - self.ac_blocks} "
-                "blocks with BatchNorm (recomputing them would update running statistics twice)")
+        skipped = len(modules.repeated_blocks(self.model)) - self.ac_blocks if self.plan.checkpointing else 0
+        if skipped and not self.par.active:
+            say(f"  activation checkpointing skips {skipped} blocks with BatchNorm (recomputing them "
+                "would update running statistics twice)")
 
         # the run starts for real: what an earlier run left here that contradicts it goes aside
         moved = rundir.prepare(self.run_dir, resume_from) if self.par.is_main else None

@@ -66,13 +66,16 @@ class WorkloadSpec:
         return self.planner(meta) if self.planner is not None else None
 
 
+def _builder(name: str) -> Callable[..., Any]:
+    """The registry's ``build_<name>``, imported when a run builds it (it imports torch)."""
+    def build(mcfg, dcfg, seed, fits):
+        from tensorpilot.workloads import registry
+
+        return getattr(registry, f"build_{name}")(mcfg, dcfg, seed, fits)
+    return build
+
+
 # ------------------------------------------------------------------------------- the gpt
-def _gpt_build(mcfg, dcfg, seed, fits):
-    from tensorpilot.workloads.registry import build_gpt
-
-    return build_gpt(mcfg, dcfg, seed, fits)
-
-
 def _gpt_tp(model, tp, sequence_parallel):
     from tensorpilot.workloads.gpt_parallel import tensor_parallel_plan
 
@@ -103,18 +106,6 @@ def _gpt_rebuild(shape: Any, where: Any):
 
 
 # ------------------------------------------------------------------------ classifiers
-def _mlp_build(mcfg, dcfg, seed, fits):
-    from tensorpilot.workloads.registry import build_mlp
-
-    return build_mlp(mcfg, dcfg, seed, fits)
-
-
-def _cnn_build(mcfg, dcfg, seed, fits):
-    from tensorpilot.workloads.registry import build_cnn
-
-    return build_cnn(mcfg, dcfg, seed, fits)
-
-
 def _mlp_rebuild(ints: Callable[[str, bool], list[int]], shape: tuple[int, ...], classes: int):
     from tensorpilot.workloads.vision import MLPNet, num_features
 
@@ -133,11 +124,11 @@ _DENSE = "a classifier this small gains nothing from splitting its layers"
 
 SPECS: dict[str, WorkloadSpec] = {s.kind: s for s in (
     WorkloadSpec(kind="gpt", description="byte-level decoder-only transformer (GPT-2 style)",
-                 build=_gpt_build, tensor_parallel=_gpt_tp, pipeline_stage=_gpt_stage,
+                 build=_builder("gpt"), tensor_parallel=_gpt_tp, pipeline_stage=_gpt_stage,
                  planner=_gpt_planner, serving="generate", rebuild=_gpt_rebuild, bits_per_byte=True),
-    WorkloadSpec(kind="mlp", description="multi-layer perceptron classifier", build=_mlp_build,
+    WorkloadSpec(kind="mlp", description="multi-layer perceptron classifier", build=_builder("mlp"),
                  no_parallel=_DENSE, rebuild=_mlp_rebuild),
-    WorkloadSpec(kind="cnn", description="residual convolutional image classifier", build=_cnn_build,
+    WorkloadSpec(kind="cnn", description="residual convolutional image classifier", build=_builder("cnn"),
                  no_parallel=_DENSE, rebuild=_cnn_rebuild, input_rank=3),
 )}
 
