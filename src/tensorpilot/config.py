@@ -129,7 +129,11 @@ class DataConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
-    lr: float = _f(3e-3, "Peak learning rate of AdamW.")
+    name: Literal["adamw", "adafactor", "adamw8bit"] = _f(
+        "adamw", "Optimizer: adamw (8 bytes of state per parameter), adafactor (factored second "
+        "moment: a few bytes per matrix row, torch.optim.Adafactor) or adamw8bit (~2 bytes per "
+        "parameter, torchao; pip install 'tensorpilot[lowbit]').")
+    lr: float = _f(3e-3, "Peak learning rate.")
     min_lr_ratio: float = _f(0.1, "Cosine schedule floor as a fraction of the peak rate.")
     warmup_steps: int = _f(50, "Linear warm-up steps before the cosine decay.")
     weight_decay: float = _f(0.1, "Decoupled weight decay, applied to matrices only "
@@ -163,6 +167,10 @@ class EngineConfig:
     activation_checkpointing: bool = _f(False, "Recompute each block's activations in backward "
                                         "(less memory, ~1/3 more compute).")
     grad_accum: int = _f(1, "Micro-batches accumulated per optimizer step.")
+    attention: Literal["auto", "sdpa", "blocked"] = _f(
+        "auto", "Where the model's F.scaled_dot_product_attention calls run: auto times PyTorch's "
+        "kernel against blocked matmuls per call shape and keeps the faster; sdpa leaves the calls "
+        "alone; blocked uses blocked matmuls wherever they compute the call exactly.")
     optimize: Literal["off", "auto"] = _f(
         "off", "auto: choose precision, micro-batch x accumulation (at the global batch "
         "data.batch_size x grad_accum), activation checkpointing and compilation by prediction, "

@@ -18,8 +18,45 @@ from torch.utils.checkpoint import checkpoint
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The elements of every nn.ModuleList in the model: the 'blocks' of a transformer or net."""
-    return [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+    """The repeated units of a model -- a transformer's layers, a ResNet's residual blocks --
+    found from its structure, whoever wrote it:
+
+    1. the elements of its ``nn.ModuleList``s, when they hold at least half of the parameters
+       (nanoGPT's ``transformer.h``, every Hugging Face model's ``layers``/``h``, the built-ins);
+    2. else the outermost class of the model's own (not ``torch.nn``) modules that occurs at least
+       twice and holds at least 90% of the largest share of parameters any such class holds:
+       timm's ``BasicBlock``s inside ``nn.Sequential`` stages, a ViT's ``Block``s. Outermost,
+       because a block's attention or MLP repeats as often but covers less, and regions
+       should be as large as the repetition allows.
+
+    Returned in module order; [] when nothing repeats."""
+    counts: dict[int, int] = {}
+
+    def n_params(m: nn.Module) -> int:
+        if id(m) not in counts:
+            counts[id(m)] = sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
+        return counts[id(m)]
+
+    total = n_params(model) or 1
+    listed = [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+    if listed and sum(n_params(m) for m in listed) >= 0.5 * total:
+        return listed
+    depth: dict[type, int] = {}
+    by_class: dict[type, list[nn.Module]] = {}
+    for name, m in model.named_modules():
+        cls = type(m)
+        if m is model or cls.__module__.startswith("torch."):
+            continue
+        by_class.setdefault(cls, []).append(m)
+        depth[cls] = min(depth.get(cls, 1 << 30), name.count("."))
+    share = {cls: sum(n_params(m) for m in ms) for cls, ms in by_class.items() if len(ms) >= 2}
+    share = {cls: v for cls, v in share.items() if v > 0}
+    if not share:
+        return listed
+    best = max(share.values())
+    cls = min((c for c, v in share.items() if v >= 0.9 * best), key=lambda c: (depth[c], -share[c]))
+    inside = {id(sub) for m in by_class[cls] for sub in m.modules() if sub is not m}
+    return [m for m in by_class[cls] if id(m) not in inside]
 
 
 _RUNNING_STATS = (nn.modules.batchnorm._BatchNorm,)

@@ -34,6 +34,16 @@ def test_precision_options_follow_the_hardware(name, expected):
     assert at.precision_options("fp32", PROFILES[name]) == ["fp32"]   # an explicit request is kept
 
 
+def test_cpu_precision_order_follows_measured_ceilings():
+    slow_bf16 = {"bf16": 1.6e11, "fp32": 3.2e11}
+    assert at.precision_options("auto", CPU_BF16, slow_bf16) == ["fp32"]        # half as fast: no trial
+    assert at.precision_options("auto", CPU_BF16, {"bf16": 4e11, "fp32": 1e11}) == ["bf16"]
+    assert at.precision_options("auto", CPU_BF16, {"bf16": 2.4e11, "fp32": 3e11}) == ["fp32", "bf16"]  # close: try both
+    assert at.precision_options("auto", AMPERE, slow_bf16) == ["bf16", "tf32"]   # GPUs: by their units
+    cands = at.enumerate_candidates(CPU_BF16, global_batch=4, ceilings=slow_bf16)
+    assert cands[0].precision == "fp32"
+
+
 @pytest.mark.parametrize("name", PROFILES)
 @pytest.mark.parametrize("kind", ["gpt", "cnn"])
 def test_every_candidate_is_a_valid_configuration(name, kind):

@@ -14,7 +14,7 @@ LAYERS = [
     {"errors", "version", "files", "argtypes", "config", "layout", "k8s"},   # foundations: stdlib only
     {"hardware"},                                          # what the machine is
     {"plan"},                                              # predictions (torch-free)
-    {"workloads"},                                         # models, data, workload specs
+    {"attention", "workloads"},                            # kernels any model calls; models, data, specs
     {"modules", "observe"},                                # model surgery, measurements
     {"parallel"},                                          # process groups, parallelize
     {"training"},                                          # the trainer, checkpoints, autotune

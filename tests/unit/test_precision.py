@@ -131,3 +131,18 @@ def test_device_caps_properties():
     assert A100.supports_tf32 and not MI250.supports_tf32 and not V100.supports_tf32
     assert not CPU_AVX2.cpu_fast_bf16 and CPU_AMX.cpu_fast_bf16
     assert A100.torch_device == "cuda:0" and CPU_AVX2.torch_device == "cpu"
+
+
+@pytest.mark.parametrize("bf16, fp32, expected", [
+    (2.3e11, 1.0e11, "bf16"),        # Zen 4: bf16 GEMMs ~2.3x fp32
+    (1.66e11, 3.18e11, "fp32"),      # AVX512-BF16 without AMX, where oneDNN's bf16 GEMM is half fp32's
+    (1.05e11, 1.0e11, "fp32"),       # a tie keeps full precision
+])
+def test_auto_on_a_bf16_cpu_follows_the_measured_ceilings(bf16, fp32, expected):
+    c = choose("auto", CPU_AVX512_BF16, {"bf16": bf16, "fp32": fp32})
+    assert c.name == expected and "measured" in c.reason
+    assert c.autocast == ("bfloat16" if expected == "bf16" else None)
+    assert choose("fp32", CPU_AVX512_BF16, {"bf16": bf16, "fp32": fp32}).name == "fp32"   # a request wins
+    # measurements say nothing about GPUs' choice, and a missing one falls back to the flags
+    assert choose("auto", H100, {"bf16": bf16, "fp32": fp32}).name == "bf16"
+    assert choose("auto", CPU_AVX512_BF16, {"bf16": bf16}).name == "bf16"

@@ -35,10 +35,32 @@ def to_meta(obj):
 
 
 def train_step_flops(model: nn.Module, inputs, targets, loss_fn: Callable) -> int:
-    """FLOPs of forward + loss + backward for one micro-batch (inputs as the model takes them)."""
-    m = meta_copy(model)
-    m.train()
-    x, y = to_meta(inputs), to_meta(targets)
+    """FLOPs of forward + loss + backward for one micro-batch (inputs as the model takes them):
+    counted on a meta copy (no memory, no compute). A model that meta tensors cannot run (it
+    reads a value: ``.item()``, data-dependent shapes, as some Hugging Face models do) is counted
+    on one real sample instead and scaled to the micro-batch."""
+    try:
+        m = meta_copy(model)
+        m.train()
+        return _count(m, to_meta(inputs), to_meta(targets), loss_fn)
+    except Exception:  # noqa: BLE001 - any op meta tensors cannot run
+        pass
+    n = _batch_size(inputs)
+    one = lambda t: t[:1] if isinstance(t, torch.Tensor) and t.dim() else t    # noqa: E731
+    x, y = _map(inputs, one), _map(targets, one)
+    grads = {p: p.grad for p in model.parameters()}
+    buffers = [b.detach().clone() for b in model.buffers()]       # BatchNorm statistics
+    with torch.random.fork_rng(devices=[]):                        # dropout draws are not the run's
+        flops = _count(model, x, y, loss_fn)
+    for p, g in grads.items():
+        p.grad = g
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers):
+            b.copy_(saved)
+    return flops * n
+
+
+def _count(m: nn.Module, x, y, loss_fn: Callable) -> int:
     counter = FlopCounterMode(display=False)
     with counter:
         out = m(*x) if isinstance(x, (tuple, list)) else m(x)
@@ -46,6 +68,24 @@ def train_step_flops(model: nn.Module, inputs, targets, loss_fn: Callable) -> in
         if loss.requires_grad:
             loss.backward()
     return int(counter.get_total_flops())
+
+
+def _map(obj, fn):
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_map(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map(v, fn) for k, v in obj.items()}
+    return fn(obj)
+
+
+def _batch_size(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.shape[0] if obj.dim() else 1
+    if isinstance(obj, (tuple, list)) and obj:
+        return _batch_size(obj[0])
+    if isinstance(obj, dict) and obj:
+        return _batch_size(next(iter(obj.values())))
+    return 1
 
 
 def gpt_train_flops_formula(*, batch: int, seq_len: int, n_layer: int, d_model: int,

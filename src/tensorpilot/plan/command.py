@@ -59,7 +59,9 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    choices=["fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8"],
                    help="bf16/fp16: half weights + fp32 master (16 B/param with Adam); *-amp: torch.autocast "
                         "with fp32 weights; bf16-pure: all bf16 (default: bf16).")
-    t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"], help="(default: adam)")
+    t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit"],
+                   help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
+                        "keep much less, see plan/memory.py)")
     t.add_argument("--attention", default="flash", choices=["flash", "materialized"],
                    help="Fused (flash/SDPA) attention or materialised s x s scores (default: flash).")
     c = p.add_argument_group("time, cost and energy")

@@ -48,25 +48,36 @@ class Precision:
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8")
 
+# Optimizer state per parameter, in bytes (fp32 states):
+#   adam/adamw  m and v: 2 x 4
+#   sgd         momentum: 4
+#   adamw8bit   m and v in 8 bits with one fp32 scale per block of 256 (Dettmers et al. 2022,
+#               "8-bit Optimizers via Block-wise Quantization"; torchao's block size): 2 x (1 + 4/256)
+#   adafactor   factored second moment (Shazeer & Stern 2018): a rows + columns fp32 vector per
+#               (r, c) matrix, 4 (r + c) / (r c) bytes per parameter -- 0.05 for 160 x 160, less
+#               for larger matrices; no first moment. Vectors keep a full fp32 second moment, a
+#               negligible share of a model's parameters.
+OPTIMIZER_STATE_BYTES = {"adam": 8.0, "adamw": 8.0, "sgd": 4.0, "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05}
+
 
 def precision(name: str, optimizer: str = "adam") -> Precision:
     """Recipes: 'fp32'/'tf32' (all fp32), 'bf16'/'fp16' (half weights and grads + fp32 master and
     Adam: Megatron, DeepSpeed), 'bf16-amp'/'fp16-amp' (torch.autocast: fp32 weights, grads and
     Adam; half compute), 'bf16-pure' (everything bf16, Adam states too), 'fp8' (fp8 matmuls,
     bf16 weights with fp32 master, as Transformer Engine)."""
-    if optimizer not in ("adam", "adamw", "sgd"):
-        raise ConfigError(f"optimizer must be adam, adamw or sgd, not {optimizer!r}.")
-    states = 2 if optimizer in ("adam", "adamw") else 1          # Adam m, v; SGD momentum
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZER_STATE_BYTES)}, not {optimizer!r}.")
+    st = OPTIMIZER_STATE_BYTES[optimizer]
     if name in ("fp32", "tf32"):
-        return Precision(name, name, 4, 4, 0, 4 * states, 4, 0)
+        return Precision(name, name, 4, 4, 0, st, 4, 0)
     if name in ("bf16", "fp16"):
-        return Precision(name, name, 2, 2, 4, 4 * states, 2, 0)
+        return Precision(name, name, 2, 2, 4, st, 2, 0)
     if name in ("bf16-amp", "fp16-amp"):
-        return Precision(name, name[:4], 4, 4, 0, 4 * states, 2, 2)
-    if name == "bf16-pure":
-        return Precision(name, "bf16", 2, 2, 0, 2 * states, 2, 0)
+        return Precision(name, name[:4], 4, 4, 0, st, 2, 2)
+    if name == "bf16-pure":    # states kept in bf16 too: half of fp32 ones (8-bit ones stay 8-bit)
+        return Precision(name, "bf16", 2, 2, 0, st / 2 if optimizer in ("adam", "adamw", "sgd") else st, 2, 0)
     if name == "fp8":
-        return Precision(name, "fp8", 2, 2, 4, 4 * states, 2, 1)
+        return Precision(name, "fp8", 2, 2, 4, st, 2, 1)
     raise ConfigError(f"unknown precision {name!r}; use one of {', '.join(PRECISIONS)}.")
 
 

@@ -56,6 +56,11 @@ NOISE_MARGIN = 0.03
 COMPILE_REORDER_MARGIN = 0.15
 
 
+# A precision whose measured matmul ceiling is below this share of the best one's is not tried:
+# matmuls dominate a training step, so it cannot win, and its trial steps would cost the run.
+PRECISION_TRIAL_SHARE = 0.7
+
+
 # ------------------------------------------------------------------------------- candidates
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -73,9 +78,10 @@ class Candidate:
                          self.compile, self.compile_mode, self.channels_last)
 
 
-def precision_options(requested: str, caps: DeviceCaps) -> list[str]:
-    """Precisions to try, fastest-first by what the device's matrix units do; a user's explicit
-    precision is kept as the only option."""
+def precision_options(requested: str, caps: DeviceCaps, ceilings: dict[str, float] | None = None) -> list[str]:
+    """Precisions to try, fastest-first by what the device's matrix units do (on a CPU, by the
+    measured matmul ``ceilings`` when given: bf16 instructions do not make bf16 faster on every
+    core); a user's explicit precision is kept as the only option."""
     if requested != "auto":
         return [requested]
     if caps.kind == "cuda":
@@ -85,6 +91,11 @@ def precision_options(requested: str, caps: DeviceCaps) -> list[str]:
     if caps.kind == "mps":
         return ["fp16", "fp32"]
     if caps.supports_bf16_fast:          # CPUs with AVX512-BF16/AMX, XPU
+        if caps.kind == "cpu" and ceilings and ceilings.get("bf16") and ceilings.get("fp32"):
+            # fastest first; one whose matmuls are clearly slower is not worth a trial step
+            best = max(ceilings["bf16"], ceilings["fp32"])
+            return [p for p in sorted(["bf16", "fp32"], key=lambda p: -ceilings[p])
+                    if ceilings[p] >= PRECISION_TRIAL_SHARE * best]
         return ["bf16", "fp32"]
     return ["fp32"]                      # bf16 would be emulated: never faster
 
@@ -101,7 +112,7 @@ def micro_batch_options(global_batch: int, limit: int | None = None, max_accum: 
 
 def enumerate_candidates(caps: DeviceCaps, *, global_batch: int, requested_precision: str = "auto",
                          activation_checkpointing: bool | None = None, micro_limit: int | None = None,
-                         convolutional: bool = False) -> list[Candidate]:
+                         convolutional: bool = False, ceilings: dict[str, float] | None = None) -> list[Candidate]:
     """Eager candidates. ``activation_checkpointing`` None lets the tuner consider both; it is
     only chosen when the run does not fit without it (prediction) or is faster with it."""
     # models with 2-D convolutions (``convolutional``: any nn.Conv2d, the built-in cnn or a
@@ -110,7 +121,7 @@ def enumerate_candidates(caps: DeviceCaps, *, global_batch: int, requested_preci
     layouts = [False, True] if convolutional else [False]
     acs = [False, True] if activation_checkpointing is None else [activation_checkpointing]
     return [Candidate(p, m, global_batch // m, ac, channels_last=cl)
-            for p in precision_options(requested_precision, caps)
+            for p in precision_options(requested_precision, caps, ceilings)
             for m in micro_batch_options(global_batch, micro_limit)
             for ac in acs for cl in layouts]
 
@@ -519,7 +530,8 @@ def tune(trainer, step: Callable[[], None]) -> TuneResult:
         caps, global_batch=global_batch, requested_precision=cfg.engine.precision,
         activation_checkpointing=True if cfg.engine.activation_checkpointing else None,
         micro_limit=micro_limit or None,
-        convolutional=any(isinstance(m, torch.nn.Conv2d) for m in trainer.model.modules()))
+        convolutional=any(isinstance(m, torch.nn.Conv2d) for m in trainer.model.modules()),
+        ceilings=trainer._ceilings())
     key = cache_key({"meta": wl.meta, "kind": wl.kind, "params": trainer.n_params, "global_batch": global_batch,
                      "precision": cfg.engine.precision, "compile": cfg.engine.compile,
                      "device": caps.name, "flags": sorted(caps.cpu_flags), "torch": torch.__version__,

@@ -87,24 +87,3 @@ def compiler_errors() -> tuple[type[BaseException], ...]:
     found += [getattr(inductor_exc, n) for n in ("CppCompileError", "CUDACompileError", "LoweringException")
               if hasattr(inductor_exc, n)]
     return tuple(found)
-
-
-def set_attention(model: nn.Module, impl: str) -> int:
-    """Switch every attention module that offers a choice (an ``attention_impl`` attribute, like
-    the built-in gpt's) to ``impl``; returns how many were switched."""
-    mods = [m for m in model.modules() if hasattr(type(m), "attention_impl")]
-    for m in mods:
-        m.attention_impl = impl
-    return len(mods)
-
-
-def choose_attention(model: nn.Module, device_kind: str) -> str | None:
-    """The attention kernels for this device, for models that offer a choice; returns what was
-    chosen and why (None: the model offers no choice). On a CPU the blocked, materialised "math"
-    attention beats PyTorch's CPU flash kernel, eager and compiled (benchmarks/cpu_kernels.py);
-    elsewhere the fused SDPA kernels (flash / memory-efficient) win."""
-    impl = "math" if device_kind == "cpu" else "sdpa"
-    if not set_attention(model, impl):
-        return None
-    return ("math: causal blocks of plain matmuls (faster than the CPU flash kernel)" if impl == "math"
-            else "sdpa: fused flash / memory-efficient kernels")

@@ -51,7 +51,7 @@ class ExecutionPlan:
     compile_scope: str = "blocks"                # see COMPILE_SCOPES
     memory_format: str = "contiguous"            # see MEMORY_FORMATS (4-D weights and inputs)
     optimizer: str = "fused"                     # AdamW implementation: fused | foreach | for-loop
-    attention: str | None = None                 # math | sdpa; None: the model offers no choice
+    attention: str = "auto"                      # auto | sdpa | blocked (tensorpilot.attention)
     num_workers: int = 0                         # DataLoader worker processes
     layout: Layout = field(default_factory=Layout)
     reasons: tuple[tuple[str, str], ...] = ()    # (setting, why), the newest reason of each last

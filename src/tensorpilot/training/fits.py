@@ -9,7 +9,7 @@ Two estimates, both without memory:
   billion layers is answered at once;
 * any other model: built on the meta device, one forward pass of a full micro-batch run on meta
   tensors, and every tensor autograd saves for backward counted (``saved_tensors_hooks``), plus
-  weights, gradients and AdamW's two moments (4 + 4 + 8 bytes per fp32 parameter).
+  weights, gradients and the optimizer's state (4 + 4 + 8 bytes per fp32 parameter for AdamW).
 
 Both are estimates of the steady state; allocator overhead and framework buffers come on top,
 so a run refused here would not have fitted. ``--no-train.memory_check`` skips the check.
@@ -17,6 +17,7 @@ so a run refused here would not have fitted. ``--no-train.memory_check`` skips t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -28,7 +29,13 @@ from tensorpilot.errors import ConfigError
 __all__ = ["MemoryEstimate", "guard", "estimate_gpt", "estimate_planned", "estimate_traced", "scaled", "expand_batch",
            "free_bytes", "check", "check_class_targets"]
 
-ADAMW_STATE_BYTES_PER_PARAM = 4 + 4 + 8       # fp32 weight, fp32 gradient, AdamW m and v
+
+
+def state_bytes_per_param(optimizer: str) -> float:
+    """fp32 weight and gradient plus the optimizer's state (plan/memory.py's table)."""
+    from tensorpilot.plan.memory import OPTIMIZER_STATE_BYTES
+
+    return 4 + 4 + OPTIMIZER_STATE_BYTES[optimizer]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +43,8 @@ class MemoryEstimate:
     states_bytes: float            # weights, gradients, optimizer state
     activations_bytes: float       # saved for backward, one micro-batch, plus output and input
     method: str
+    trainable_params: float = 0.0  # parameters with optimizer state
+    optimizer: str = "adamw"
 
     @property
     def total_bytes(self) -> float:
@@ -45,7 +54,7 @@ class MemoryEstimate:
 def guard(build: Callable[[], nn.Module], train_data: Any, meta: dict, loss_fn: Callable | None, *,
           device: torch.device, batch_size: int, seed: int, half_precision: bool, grad_accum: int = 1,
           share: int = 1, states_split: int = 1, activations_split: int = 1,
-          planner: tuple[Any, int] | None = None) -> nn.Module:
+          planner: tuple[Any, int] | None = None, optimizer: str = "adamw") -> nn.Module:
     """Check the run fits, then return ``build()``: a model the planner describes (``planner``:
     its workload spec's (ModelSpec, tokens per sample)) from its shape alone, anything else traced on the meta device -- ``build`` runs once under
     ``torch.device("meta")`` (a user's factory returns its model already built: then a meta copy
@@ -55,7 +64,8 @@ def guard(build: Callable[[], nn.Module], train_data: Any, meta: dict, loss_fn: 
     batch = meta_batch(train_data, batch_size, seed)
     held = (grad_accum - 1) * _bytes(batch)
     if planner is not None:
-        est = estimate_planned(*planner, batch_size, half_precision, materialized_attention=device.type == "cpu")
+        est = estimate_planned(*planner, batch_size, half_precision, materialized_attention=device.type == "cpu",
+                               optimizer=optimizer)
         check(scaled(_plus(est, held), states_split, activations_split), device, share=share)
         return build()
     from tensorpilot.observe.flops import meta_copy
@@ -70,7 +80,7 @@ def guard(build: Callable[[], nn.Module], train_data: Any, meta: dict, loss_fn: 
         outputs.append(out.shape if isinstance(out, torch.Tensor) else None)
         return (loss_fn or cross_entropy)(out, y)
     try:
-        est = estimate_traced(traced, batch, loss, act_bytes=2 if half_precision else None)
+        est = estimate_traced(traced, batch, loss, act_bytes=2 if half_precision else None, optimizer=optimizer)
     except Exception:                   # noqa: BLE001 - an op without a meta kernel: no estimate
         est = None
     if est is not None:
@@ -93,7 +103,7 @@ def _bytes(obj: Any) -> int:
 
 
 def _plus(est: MemoryEstimate, activations_bytes: float) -> MemoryEstimate:
-    return MemoryEstimate(est.states_bytes, est.activations_bytes + activations_bytes, est.method)
+    return dataclasses.replace(est, activations_bytes=est.activations_bytes + activations_bytes)
 
 
 def meta_batch(train_data: Any, batch_size: int, seed: int) -> Any:
@@ -120,17 +130,18 @@ def estimate_gpt(shape: dict[str, Any], micro_batch: int, half_precision: bool,
 
 
 def estimate_planned(spec: Any, seq_len: int, micro_batch: int, half_precision: bool,
-                     materialized_attention: bool) -> MemoryEstimate:
+                     materialized_attention: bool, optimizer: str = "adamw") -> MemoryEstimate:
     """The memory of a model the planner describes (``spec``: a plan.models.ModelSpec);
     torch.autocast keeps fp32 weights, gradients and AdamW states: the planner's '*-amp' recipes."""
     from tensorpilot.plan import memory as pm
 
-    prec = pm.precision("bf16-amp" if half_precision else "fp32")
+    prec = pm.precision("bf16-amp" if half_precision else "fp32", optimizer)
     states = sum(pm.model_state_bytes(spec.n_params, prec).values())
     acts = pm.activation_bytes_per_device(
         spec, seq_len=seq_len, micro_batch=micro_batch, n_micro=1, act_bytes=prec.act_bytes,
         attention="materialized" if materialized_attention else "flash")
-    return MemoryEstimate(states, acts["activations"] + acts["logits"], f"planner ({spec.name})")
+    return MemoryEstimate(states, acts["activations"] + acts["logits"], f"planner ({spec.name})",
+                          spec.n_params, optimizer)
 
 
 def scaled(est: MemoryEstimate, states_split: int, activations_split: int) -> MemoryEstimate:
@@ -138,8 +149,9 @@ def scaled(est: MemoryEstimate, states_split: int, activations_split: int) -> Me
     under FSDP), activations over tp."""
     if states_split == 1 and activations_split == 1:
         return est
-    return MemoryEstimate(est.states_bytes / states_split, est.activations_bytes / activations_split,
-                          est.method)
+    return dataclasses.replace(est, states_bytes=est.states_bytes / states_split,
+                               activations_bytes=est.activations_bytes / activations_split,
+                               trainable_params=est.trainable_params / states_split)
 
 
 def expand_batch(one: Any, batch: int) -> Any:
@@ -158,8 +170,8 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata        # one StorageImpl per allocation, also on meta
 
 
-def estimate_traced(model: nn.Module, sample: Any, loss_fn: Callable, act_bytes: int | None = None
-                    ) -> MemoryEstimate:
+def estimate_traced(model: nn.Module, sample: Any, loss_fn: Callable, act_bytes: int | None = None,
+                    optimizer: str = "adamw") -> MemoryEstimate:
     """Trace one forward + loss of ``model`` (on the meta device: build it under
     ``torch.device('meta')``) on ``sample`` (meta tensors of one micro-batch). ``act_bytes``:
     bytes per saved floating-point element under autocast (2 for bf16/fp16), else as traced."""
@@ -186,8 +198,8 @@ def estimate_traced(model: nn.Module, sample: Any, loss_fn: Callable, act_bytes:
                    if isinstance(t, torch.Tensor))
     # the output's gradient and its fp32 copy for the loss come on top of what is saved
     acts = sum(saved.values()) + 2 * out_bytes + in_bytes
-    states = n_params * ADAMW_STATE_BYTES_PER_PARAM + frozen * 4
-    return MemoryEstimate(float(states), float(acts), "traced on the meta device")
+    states = n_params * state_bytes_per_param(optimizer) + frozen * 4
+    return MemoryEstimate(float(states), float(acts), "traced on the meta device", float(n_params), optimizer)
 
 
 def free_bytes(device: torch.device) -> tuple[int | None, str]:
@@ -226,12 +238,34 @@ def check(est: MemoryEstimate, device: torch.device, *, share: int = 1) -> None:
         return
     gib = 2**30
     per = f" per process ({share} share it)" if share > 1 else ""
-    raise ConfigError(
+    lighter = smaller_optimizer(est, budget)
+    alt = (f" or --optim.name {lighter} (less optimizer state: it would fit)" if lighter else "")
+    raise DoesNotFit(lighter,
         f"this run does not fit: it needs about {est.total_bytes / gib:,.1f} GiB{per} (weights, "
         f"gradients and optimizer state {est.states_bytes / gib:,.1f} GiB, activations of one "
         f"micro-batch {est.activations_bytes / gib:,.1f} GiB; {est.method}) but {device.type} has "
-        f"{budget / gib:,.1f} GiB of {what}; use a smaller --batch-size or model, or "
+        f"{budget / gib:,.1f} GiB of {what}; use a smaller --batch-size or model{alt}, or "
         f"--no-train.memory_check to try anyway.")
+
+
+class DoesNotFit(ConfigError):
+    """The run does not fit; ``lighter`` names an optimizer with less state with which it would
+    (None: none would)."""
+
+    def __init__(self, lighter: str | None, message: str):
+        super().__init__(message)
+        self.lighter = lighter
+
+
+def smaller_optimizer(est: MemoryEstimate, budget: float) -> str | None:
+    """The optimizer keeping the most state (the closest to AdamW) with which ``est`` fits."""
+    from tensorpilot.plan.memory import OPTIMIZER_STATE_BYTES as per_param
+
+    for name in ("adamw8bit", "adafactor"):          # most state first
+        saved = est.trainable_params * (per_param[est.optimizer] - per_param[name])
+        if saved > 0 and est.total_bytes - saved <= budget:
+            return name
+    return None
 
 
 def check_class_targets(train_data: Any, classes: int) -> None:

@@ -1,4 +1,4 @@
-"""AdamW with decoupled weight decay on matrices only, a warm-up + cosine schedule, and
+"""The optimizers (AdamW, Adafactor, 8-bit AdamW) with decoupled weight decay on matrices only, a warm-up + cosine schedule, and
 parameter freezing by name pattern."""
 
 from __future__ import annotations
@@ -30,17 +30,39 @@ def freeze(model: nn.Module, patterns: list[str]) -> list[str]:
     return frozen
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device_kind: str) -> tuple[torch.optim.AdamW, str]:
-    """AdamW over trainable parameters; returns (optimizer, implementation used)."""
+OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
+LABELS = {"adamw": "AdamW", "adafactor": "Adafactor", "adamw8bit": "AdamW 8-bit"}
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Trainable parameters in groups: weight decay on matrices (linear, embedding, conv weights),
+    not on biases and norm gains; tensor parallelism leaves some parameters plain and makes others
+    DTensors, and one foreach/fused kernel call cannot mix the two, so they go to separate groups."""
     params = [p for p in model.parameters() if p.requires_grad]
-    # weight decay on matrices (linear, embedding, conv weights), not on biases and norm gains
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    # tensor parallelism leaves some parameters plain and makes others DTensors; one foreach/fused
-    # kernel call cannot mix the two, so they go to separate groups (one group per kind otherwise)
     groups = [{**g, "params": [p for p in g["params"] if hasattr(p, "placements") == dt]}
               for g in groups for dt in (False, True)]
-    groups = [g for g in groups if g["params"]]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device_kind: str) -> tuple[torch.optim.Optimizer, str]:
+    """The optimizer ``cfg.name`` names over the trainable parameters; returns (optimizer,
+    implementation used):
+
+    adamw      torch.optim.AdamW, fused where the device has a kernel, else foreach
+    adafactor  torch.optim.Adafactor (Shazeer & Stern 2018): the second moment of a matrix kept
+               factored as row and column sums, no first moment -- optimizer state of a few bytes
+               per matrix row instead of 8 bytes per parameter
+    adamw8bit  torchao's AdamW8bit (Dettmers et al. 2022, block-wise 8-bit m and v): ~2 bytes of
+               state per parameter instead of 8; tensors under 4,096 elements stay fp32
+    """
+    groups = param_groups(model, cfg.weight_decay)
+    if cfg.name == "adafactor":
+        impl = "foreach" if cfg.impl in ("auto", "fused", "foreach") else "loop"
+        return torch.optim.Adafactor(groups, lr=cfg.lr, foreach=impl == "foreach"), impl
+    if cfg.name == "adamw8bit":
+        return adamw8bit(groups, cfg, device_kind), "torchao"
     impl = cfg.impl
     if impl == "auto":
         impl = "fused" if device_kind in ("cuda", "cpu", "mps", "xpu") else "foreach"
@@ -51,6 +73,38 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_kind: str) -> tup
         except (RuntimeError, ValueError):   # dtype/device without a fused kernel
             impl = "foreach"
     return torch.optim.AdamW(groups, foreach=impl == "foreach", **kwargs), impl
+
+
+def adamw8bit(groups: list[dict], cfg: OptimConfig, device_kind: str) -> torch.optim.Optimizer:
+    """torchao's 8-bit AdamW, or one sentence saying why it cannot run here."""
+    if device_kind not in ("cpu", "cuda"):
+        raise ConfigError(f"optim.name adamw8bit runs on CPUs and CUDA GPUs (torchao), not on "
+                          f"{device_kind}; use --optim.name adafactor to save optimizer memory.")
+    import logging
+
+    # torchao logs every optional CUDA kernel library it cannot load; none is used on this path
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    try:
+        from torchao.optim import AdamW8bit
+    except ImportError:
+        raise ConfigError("optim.name adamw8bit needs torchao: pip install 'tensorpilot[lowbit]' "
+                          "(or --optim.name adafactor, built into PyTorch).") from None
+    return AdamW8bit(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of optimizer state held now (tensors and tensor subclasses, step counters included)."""
+    total = 0
+    for state in opt.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                inner = getattr(v, "__tensor_flatten__", None)
+                if inner is not None and type(v) is not torch.Tensor and not isinstance(v, nn.Parameter):
+                    names, _ = v.__tensor_flatten__()
+                    total += sum(getattr(v, n).numel() * getattr(v, n).element_size() for n in names)
+                else:
+                    total += v.numel() * v.element_size()
+    return total
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, min_ratio: float) -> float:

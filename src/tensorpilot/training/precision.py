@@ -29,8 +29,25 @@ class PrecisionChoice:
         return {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16"}[self.name]
 
 
-def choose(requested: str, caps: DeviceCaps) -> PrecisionChoice:
+# bf16 is chosen on a CPU only when its measured matmul ceiling beats fp32's by this much: below
+# it, fp32 is as fast and keeps full precision (and no casts). CPUs with AVX512-BF16 but no AMX
+# run bf16 GEMMs anywhere from ~0.5x to ~4x fp32 depending on the core and oneDNN's kernels
+# (benchmarks/RESULTS.md), so the flag alone does not say which is faster.
+BF16_MIN_GAIN = 1.10
+
+
+def choose(requested: str, caps: DeviceCaps, ceilings: dict[str, float] | None = None) -> PrecisionChoice:
+    """``ceilings``: measured matmul FLOP/s by dtype ("bf16", "fp32") on this device; with both,
+    ``auto`` on a CPU follows the measurement rather than the instruction-set flags."""
     if requested == "auto":
+        if caps.kind == "cpu" and caps.supports_bf16_fast and ceilings and ceilings.get("bf16") \
+                and ceilings.get("fp32"):
+            bf16, fp32 = ceilings["bf16"], ceilings["fp32"]
+            measured = f"measured bf16 matmul {bf16 / 1e9:.0f} GFLOP/s vs fp32 {fp32 / 1e9:.0f}"
+            if bf16 >= BF16_MIN_GAIN * fp32:
+                return PrecisionChoice("bf16", "bfloat16", False, False, f"auto: bf16 autocast, {measured}")
+            return PrecisionChoice("fp32", None, False, False,
+                                   f"auto: fp32, {measured} (bf16 must be {BF16_MIN_GAIN:.2f}x faster)")
         if caps.supports_bf16_fast:
             why = ("the CPU has AVX512-BF16/AMX bf16 instructions" if caps.kind == "cpu"
                    else f"{caps.name} has bf16 matrix units")

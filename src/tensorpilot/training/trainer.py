@@ -12,6 +12,7 @@ Features decide for themselves inside the loop (``_maybe_save``); there is no ca
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tensorpilot import modules
+from tensorpilot.attention import FastAttention
 from tensorpilot.config import RunConfig, to_toml
 from tensorpilot.errors import ConfigError, TensorpilotError, TrainingAborted, exit_at_once, first_line
 from tensorpilot.files import writable_dir, write_atomic
@@ -102,6 +104,8 @@ class Trainer:
         self._saved_step: int | None = None
         self.tune_result = None
         self._started = False                           # the loop runs: a stop signal saves first
+        self._attention_reported = False
+        self.optim_cfg, self._optim_why = self.cfg.optim, ""   # --optimize auto may pick a lighter optimizer
 
     # ------------------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -125,6 +129,14 @@ class Trainer:
         if resume_from is not None:
             saved = ckpt_io.read_meta(resume_from)
             check_compatible(saved.get("config", {}), cfg)
+            # the optimizer whose state the checkpoint holds (--optimize auto may have chosen it)
+            saved_opt = saved.get("optimizer") or (saved.get("config", {}).get("optim") or {}).get("name", "adamw")
+            if saved_opt != cfg.optim.name and not (cfg.engine.optimize == "auto" and saved.get("optimizer")):
+                raise ConfigError(f"cannot resume: the checkpoint's optimizer state is {saved_opt}'s but this "
+                                  f"run asks for {cfg.optim.name}; resume with --optim.name {saved_opt}.")
+            if saved_opt != cfg.optim.name:
+                self.optim_cfg = dataclasses.replace(cfg.optim, name=saved_opt)
+                self._optim_why = f"{saved_opt}, as the checkpoint's run chose"
             if isinstance(saved.get("step"), int) and saved["step"] >= cfg.train.steps:
                 raise ConfigError(f"the checkpoint is already at step {saved['step']}: ask for more "
                                   f"with --steps (now {cfg.train.steps}), e.g. --steps {2 * saved['step']}.")
@@ -141,7 +153,7 @@ class Trainer:
             torch.backends.cudnn.benchmark = not cfg.train.deterministic
 
         # the plan of the model as built: no technique applied yet (apply() adds them below)
-        choice = precision.choose(cfg.engine.precision, self.caps)
+        choice = precision.choose(cfg.engine.precision, self.caps, self._ceilings())
         self.plan = ExecutionPlan(
             device=str(self.device), precision=choice.name, micro_batch=cfg.data.batch_size,
             grad_accum=cfg.engine.grad_accum, num_workers=cfg.data.num_workers,
@@ -159,9 +171,13 @@ class Trainer:
         self.workload = wl = self._workload
         self.spec = specs.get(wl.kind)
         self.model = wl.model.to(self.device)
-        attention = engine.choose_attention(self.model, self.device.type)
-        if attention:
-            self.plan = self.plan.replace(attention=attention.split(":")[0], why={"attention": attention})
+        # every F.scaled_dot_product_attention call of the model goes through this mode while it
+        # runs forward (tensorpilot.attention): the faster correct kernel per call shape
+        self.attention = FastAttention(cfg.engine.attention)
+        self.plan = self.plan.replace(attention=cfg.engine.attention, why={"attention": {
+            "auto": "auto: SDPA calls timed against blocked matmuls per shape on the first step",
+            "blocked": "blocked matmuls wherever they compute the call exactly (as requested)",
+            "sdpa": "sdpa: PyTorch's kernels as the model calls them (as requested)"}[cfg.engine.attention]})
         self.host_memory = (engine.retain_freed_host_memory()
                             if self.device.type == "cpu" and cfg.engine.retain_host_memory else None)
         self.n_params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
@@ -176,7 +192,7 @@ class Trainer:
         if self.par.active:
             if resume_from is not None:                 # saved optimizer index -> parameter name
                 self._opt_names = dcp.optimizer_names(self.model, optim.build_optimizer(
-                    self.model, cfg.optim, self.device.type)[0])
+                    self.model, self.optim_cfg, self.device.type)[0])
             # pipeline split -> tensor parallel -> activation checkpointing -> compile (per block)
             # -> FSDP/DDP, in that fixed order (reasons in parallel/runtime.py); a parallelized
             # model keeps these techniques for the whole run
@@ -192,8 +208,9 @@ class Trainer:
                 why={"compile": "compile on as requested (per block)" if compiled else
                      "not compiling a distributed run (ask with --compile on)"})
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.opt, opt_impl = optim.build_optimizer(self.model, cfg.optim, self.device.type)
-        self.plan = self.plan.replace(optimizer=opt_impl, why={"optimizer": f"AdamW ({opt_impl})"})
+        self.opt, opt_impl = optim.build_optimizer(self.model, self.optim_cfg, self.device.type)
+        label = f"{optim.LABELS[self.optim_cfg.name]} ({opt_impl})" + (f": {self._optim_why}" if self._optim_why else "")
+        self.plan = self.plan.replace(optimizer=opt_impl, why={"optimizer": label})
         self.sched = optim.build_scheduler(self.opt, cfg.optim, cfg.train.steps)
 
         if resume_from is not None:
@@ -229,7 +246,7 @@ class Trainer:
             + escape(f"{self.caps.name} [{self.device}] -> {self.run_dir}"))
         say(f"  precision: {escape(plan.reason('precision'))}")
         say(f"  compile:   {escape(plan.reason('compile'))}")
-        say(f"  optimizer: AdamW ({plan.optimizer}), lr {cfg.optim.lr:g}, warm-up {cfg.optim.warmup_steps}, "
+        say(f"  optimizer: {plan.reason('optimizer')}, lr {cfg.optim.lr:g}, warm-up {cfg.optim.warmup_steps}, "
             f"cosine to {cfg.optim.min_lr_ratio:g}x; batch {plan.micro_batch} x {plan.grad_accum} "
             f"micro-batches" + (f"; activation checkpointing on {self.ac_blocks} blocks" if self.ac_blocks else "")
             + (f"; {len(self.frozen)} frozen tensors" if self.frozen else ""))
@@ -261,8 +278,8 @@ class Trainer:
             raise ValueError("a parallelized model keeps its techniques and micro-batch for the whole run")
         if plan.precision != old.precision:
             self._set_precision(precision.choose(plan.precision, self.caps))
-        if plan.attention != old.attention and plan.attention is not None:
-            engine.set_attention(self.model, plan.attention)
+        if plan.attention != old.attention:
+            self.attention = FastAttention(plan.attention)
         if plan.activation_checkpointing != old.activation_checkpointing:
             if plan.checkpointing:
                 self.ac_blocks, _ = modules.apply_activation_checkpointing(self.model)
@@ -297,19 +314,38 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = choice.tf32
             torch.backends.cudnn.allow_tf32 = choice.tf32
 
+    def _ceilings(self) -> dict[str, float] | None:
+        """Measured bf16 and fp32 matmul ceilings where ``precision=auto`` must choose between
+        them on a CPU (cached per machine by the hardware probe; measured once, ~2 s)."""
+        if self.cfg.engine.precision != "auto" or self.caps.kind != "cpu" or not self.caps.supports_bf16_fast:
+            return None
+        from tensorpilot.hardware.probe import quick_ceiling
+
+        return {dt: quick_ceiling(str(self.device), dt)[0] for dt in ("bf16", "fp32")}
+
     def _fits(self, build, train_data, meta: dict, loss_fn=None):
         """``registry.Fits``: one sentence when the run cannot fit in this device's memory,
         before the model is allocated (built-in models) or trained (a user's model)."""
         if not self.cfg.train.memory_check:
             return build()
         lay = self.par.layout
-        return fits.guard(
-            build, train_data, meta, loss_fn, device=self.device, batch_size=self.plan.micro_batch,
-            seed=self.cfg.train.seed, half_precision=self.choice.autocast is not None,
-            grad_accum=self.plan.grad_accum, planner=self._planner_model(meta),
-            # ranks of one machine share its host memory; GPUs are one per process
-            share=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.device.type == "cpu" else 1,
-            states_split=lay.tp * lay.pp * (lay.dp if lay.sharding == "fsdp" else 1), activations_split=lay.tp)
+        kw = dict(device=self.device, batch_size=self.plan.micro_batch,
+                  seed=self.cfg.train.seed, half_precision=self.choice.autocast is not None,
+                  grad_accum=self.plan.grad_accum, planner=self._planner_model(meta),
+                  # ranks of one machine share its host memory; GPUs are one per process
+                  share=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.device.type == "cpu" else 1,
+                  states_split=lay.tp * lay.pp * (lay.dp if lay.sharding == "fsdp" else 1), activations_split=lay.tp)
+        try:
+            return fits.guard(build, train_data, meta, loss_fn, optimizer=self.optim_cfg.name, **kw)
+        except fits.DoesNotFit as exc:
+            # --optimize auto: memory, not speed, is the limit -- take the optimizer with less state
+            # that fits (nothing is trained yet, so nothing is lost by choosing it now)
+            if not (self.cfg.engine.optimize == "auto" and exc.lighter):
+                raise
+            lighter = exc.lighter
+        self.optim_cfg = dataclasses.replace(self.optim_cfg, name=lighter)
+        self._optim_why = f"autotune: AdamW's state would not fit in {self.device.type} memory"
+        return fits.guard(build, train_data, meta, loss_fn, optimizer=lighter, **kw)
 
     def rebuild_batches(self) -> None:
         """(Re)start the device-prefetched loader at ``samples_seen`` with the current micro-batch
@@ -359,10 +395,10 @@ class Trainer:
             # DDP/FSDP: gradients are reduced on the last micro-batch only
             with self.par.grad_sync(model, enabled=i == len(batches) - 1):
                 if self.par.pipelined:                  # the schedule runs forward and backward
-                    with self.autocast():
+                    with self.autocast(), self.attention:
                         total += self.par.pipeline_step(x, y)
                     continue
-                with self.autocast():
+                with self.autocast(), self.attention:
                     loss = self.workload.loss(model(x), y) / len(batches)
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             total += loss.detach().float()
@@ -393,6 +429,13 @@ class Trainer:
                                           self.cfg.train.steps - self.step, eager_step_s)
         self.apply(self.plan.replace(compile="on" if on else "off", why={"compile": why}))
         self.console.print(f"  compile:   {escape(why)}")
+
+    def _report_attention(self) -> None:
+        """After the first step: what the model's SDPA calls run on, with the times measured."""
+        self._attention_reported = True
+        why = f"{self.plan.attention}: {self.attention.describe()}"
+        self.plan = self.plan.replace(why={"attention": why})
+        self.console.print(f"  attention: {escape(why)}")
 
     def train_step(self, fallback: bool = True) -> tuple[float, float, bool]:
         """One optimizer step. The first step after compilation was switched on falls back to
@@ -481,6 +524,8 @@ class Trainer:
             if self.step > first_step + 1:              # the first step pays for warm-up/compile
                 timed_s, timed_steps = timed_s + dt, timed_steps + 1
                 self._maybe_compile(dt)
+            if not self._attention_reported and self.attention.mode != "sdpa":
+                self._report_attention()
             bad_streak = 0 if applied else bad_streak + 1
             skipped += not applied
             if bad_streak >= cfg.train.max_bad_steps:
@@ -495,7 +540,7 @@ class Trainer:
             if self.step % cfg.train.log_interval == 0 or self.step == cfg.train.steps:
                 self.metrics.log(self.step, "train", {
                     "loss": sum(window) / len(window) if window else float("nan"),
-                    "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm, "step_s": dt,
+                    "lr": float(self.sched.get_last_lr()[0]), "grad_norm": gnorm, "step_s": dt,
                     "samples_per_s": rate, **self._tokens(rate), "skipped_steps": skipped})
                 window = []
             if self.step % cfg.train.eval_interval == 0 or self.step == cfg.train.steps:
@@ -550,7 +595,7 @@ class Trainer:
                 x, y = loader.to_device(next(it), self.device, non_blocking=False)
             except StopIteration:
                 break
-            with self.autocast():
+            with self.autocast(), self.attention:
                 if self.par.pipelined:
                     total += self.par.pipeline_step(x, y, train=False) * self.plan.grad_accum
                 else:
@@ -573,7 +618,7 @@ class Trainer:
     def _meta(self) -> dict[str, Any]:
         return {"tensorpilot": __version__, "torch": torch.__version__, "config": self.cfg.to_dict(),
                 "workload": {"kind": self.workload.kind, **self.workload.meta},
-                "precision": self.choice.name, "device": str(self.device)}
+                "precision": self.choice.name, "device": str(self.device), "optimizer": self.optim_cfg.name}
 
     def _save(self, force: bool = False) -> Path | None:
         if not (self.cfg.checkpoint.enabled or force):
@@ -616,7 +661,10 @@ class Trainer:
         # the rate of the current step, as LambdaLR.get_lr computes it
         rates = [base * lam(self.sched.last_epoch) for base, lam in zip(self.sched.base_lrs, self.sched.lr_lambdas)]
         for group, rate in zip(self.opt.param_groups, rates):
-            group["lr"] = rate
+            if isinstance(group["lr"], torch.Tensor):   # torchao keeps lr as a tensor (no recompiles)
+                group["lr"].fill_(rate)
+            else:
+                group["lr"] = rate
         self.sched._last_lr = rates
 
     def _restore_state(self, path: Path) -> None:
@@ -711,7 +759,9 @@ class Trainer:
             "precision": plan.precision, "precision_reason": plan.reason("precision"),
             "compiled": plan.compiled, "compile_reason": plan.reason("compile"),
             "activation_checkpointing": bool(self.ac_blocks), "grad_accum": plan.grad_accum,
-            "optimizer": f"AdamW ({plan.optimizer})", "attention": plan.reason("attention") or None,
+            "optimizer": plan.reason("optimizer"), "optimizer_state_bytes": optim.state_bytes(self.opt),
+            "attention": plan.reason("attention") or None,
+            "attention_calls": self.attention.report(),
             "host_memory": self.host_memory, "execution_plan": plan.to_dict(),
             "steps": self.step, "skipped_steps": skipped,
             "samples_per_s": samples_per_s, "tokens_per_s": (samples_per_s * self.workload.tokens_per_sample

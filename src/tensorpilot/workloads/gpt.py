@@ -1,6 +1,6 @@
 """A decoder-only transformer (GPT-2 style): pre-LayerNorm blocks, causal attention through
-``scaled_dot_product_attention`` (flash/efficient kernels) or, on CPUs, blocked plain matmuls
-(``math_attention``), exact-GeLU MLP, learned positions, optionally tied head. Shapes: B batch,
+``scaled_dot_product_attention`` (which the trainer routes to the fastest kernel, as for any
+model: tensorpilot.attention), exact-GeLU MLP, learned positions, optionally tied head. Shapes: B batch,
 T time, C = d_model, H heads, V vocab.
 
 Model code never imports torch.distributed; parallelism is applied from outside.
@@ -70,57 +70,7 @@ def gpt_config_from_meta(shape: Any, where: Any) -> GPTConfig:
 SIZES = GPT_SIZES
 
 
-# Largest attention-score tensor (B x H x T x T elements) the "math" path materialises; above
-# it the fused SDPA kernels are used regardless (2**28 bf16 scores + fp32 softmax ~ 1.5 GiB).
-MATH_ATTENTION_MAX_SCORES = 2**28
-
-
-# Query rows per block of math_attention: small enough for a block's scores to stay in cache,
-# large enough for efficient matmuls; smaller blocks skip more of the masked half but run more,
-# smaller matmuls (benchmarks/cpu_kernels.py compares block sizes and SDPA's CPU kernel).
-ATTENTION_QUERY_BLOCK = 128
-
-
-def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-                   block: int = ATTENTION_QUERY_BLOCK) -> torch.Tensor:
-    """Causal attention with the scores materialised by plain matmuls: (B, H, T, D) -> (B, H, T, D).
-
-    The queries go in blocks of ``block`` rows; block [s, e) attends to keys [0, e) only, so the
-    fully masked upper triangle right of the diagonal block is never computed (about
-    (n-1)/(2n) of the scores for n blocks), and each block's (B, H, block, e) scores stay small
-    enough to be reused from cache between the matmul, softmax and matmul. The mask is an additive
-    (e-s, e) bias of 0 / -inf built from index comparisons and added in place to the fresh scores
-    (the matmul saves its inputs, not its output, so in place is safe for autograd; its backward
-    is the identity): no masked copy of the scores forward and no masking kernel backward, which
-    ``masked_fill`` costs (benchmarks/cpu_kernels.py). Under inductor the bias is computed
-    in-register. The scale goes on the queries (D columns, not e). Softmax stays in the input
-    dtype: PyTorch's CPU kernel and inductor both sum the exponentials in fp32 for bf16/fp16
-    inputs. Against an fp64 reference the output error equals an explicit fp32 softmax's, dq's is
-    ~1.5x larger, all within 2x of fused SDPA's (tests/unit/test_engine.py); in exchange, no casts.
-    See CausalSelfAttention.attention_impl."""
-    T = q.shape[-2]
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    rows = torch.arange(T, device=q.device)
-    outs = []
-    for s in range(0, T, block):
-        e = min(s + block, T)
-        att = (q[:, :, s:e] * scale) @ k[:, :, :e].transpose(-2, -1)           # (B, H, e-s, e)
-        future = rows[None, :e] > rows[s:e, None]                              # (e-s, e) key after query
-        bias = torch.zeros(future.shape, dtype=att.dtype, device=att.device).masked_fill_(future, float("-inf"))
-        att = torch.softmax(att.add_(bias), dim=-1)                            # fp32 sums inside
-        if dropout_p:
-            att = F.dropout(att, dropout_p)
-        outs.append(att @ v[:, :, :e])                                         # (B, H, e-s, D)
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-
-
 class CausalSelfAttention(nn.Module):
-    # "sdpa": F.scaled_dot_product_attention (flash / memory-efficient kernels: the default, and
-    # the right choice on GPUs). "math": math_attention, chosen by the engine on CPUs
-    # (engine.choose_attention), where PyTorch's CPU flash kernel is slow at head_dim 64 and the
-    # blocked matmuls are faster eager and fuse under inductor.
-    attention_impl = "sdpa"
-
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.head_dim = cfg.d_model // cfg.n_head                    # D = C / H
@@ -137,10 +87,8 @@ class CausalSelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, -1, 3, self.head_dim)          # (B, T, H, 3, D)
         q, k, v = qkv.transpose(1, 2).unbind(dim=3)                  # 3 x (B, H, T, D)
         p = self.dropout if self.training else 0.0
-        if self.attention_impl == "math" and q.shape[0] * q.shape[1] * T * T <= MATH_ATTENTION_MAX_SCORES:
-            y = math_attention(q, k, v, p)                          # (B, H, T, D)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)   # (B, H, T, D)
+        # the trainer may route this call to a faster kernel (tensorpilot.attention), as any model's
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)   # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))        # (B, T, H*D) -> (B, T, C)
 
 
