@@ -27,7 +27,7 @@ import torch
 from torch.nn import functional as F
 
 from benchutil import machine, median
-from tensorpilot.workloads.gpt import math_attention
+from tensorpilot.attention import blocked_attention as math_attention
 
 HERE = Path(__file__).resolve().parent
 B, H, T, D = 16, 6, 256, 64

@@ -14,6 +14,8 @@ pays what a first run pays):
   lightning    PyTorch Lightning, precision="bf16-mixed", the LightningModule torch.compile'd
                (its documented way; compiled being its best setting for long runs)
   tensorpilot  tensorpilot.train(model, dataset, loss_fn, overrides={"engine.optimize": "auto"})
+  tp-fp32, tp-bf16  (optional) tensorpilot with the fp32 / bf16 loop's technique: no tuning,
+               eager, SDPA as called -- the engine's own cost over a whole loop
 
 Same model initialisation (seed), the same samples (one epoch of a map-style dataset: samples
 0, 1, 2, ... in order; tensorpilot's loader reads the same epoch in its seeded shuffled order), AdamW (lr 1e-3, betas 0.9/0.95, weight
@@ -225,14 +227,18 @@ def arm_lightning(name, batch, seq, steps, run_dir):
     return loop, clock.steady(), evaluate(model, val, batch), {"lightning": L.__version__}
 
 
-def arm_tensorpilot(name, batch, seq, steps, run_dir):
+def arm_tensorpilot(name, batch, seq, steps, run_dir, fixed: str | None = None):
+    """``fixed`` (arms tp-fp32, tp-bf16): no tuning, that precision, eager, SDPA as the model calls
+    it -- the technique of the fp32 / bf16 hand loops, to measure what the engine itself costs."""
     import tensorpilot
 
     t0 = time.perf_counter()
     model = build_model(name, seq)
     train, val = data(name, seq, steps, batch)
+    how = ({"engine.precision": fixed, "engine.compile": "off", "engine.attention": "sdpa"} if fixed
+           else {"engine.optimize": "auto", "engine.tune_cache": False})
     s = tensorpilot.train(model, train, loss_fn, val_data=val, tokens_per_sample=seq, overrides={
-        "engine.optimize": "auto", "engine.tune_cache": False, "train.steps": steps, "data.batch_size": batch,
+        **how, "train.steps": steps, "data.batch_size": batch,
         "optim.lr": LR, "optim.betas": list(BETAS), "optim.weight_decay": WD, "optim.warmup_steps": WARMUP,
         "optim.min_lr_ratio": MIN_RATIO, "optim.grad_clip": CLIP, "checkpoint.enabled": False,
         "train.eval_interval": 10**6, "train.eval_batches": 1, "logging.progress": "off",
@@ -260,7 +266,10 @@ def child(arm: str, name: str, steps: int, run_dir: str, seed: int) -> None:
     user_models._torchvision_importable()        # lightning, transformers and timm import it
     torch.manual_seed(seed)
     batch, seq = SHAPES[name]
-    loop_s, steady_s, val, extra = globals()[f"arm_{arm}"](name, batch, seq, steps, run_dir)
+    if arm in ("tp-fp32", "tp-bf16"):
+        loop_s, steady_s, val, extra = arm_tensorpilot(name, batch, seq, steps, run_dir, fixed=arm[3:])
+    else:
+        loop_s, steady_s, val, extra = globals()[f"arm_{arm}"](name, batch, seq, steps, run_dir)
     print("RESULT " + json.dumps({"arm": arm, "loop_s": loop_s, "steady_s": steady_s, "val_loss": val, **extra}))
 
 
@@ -315,6 +324,11 @@ def report(name: str, steps: int, rows: list[dict]) -> dict:
         if "error" in r:
             print(f"| {r['arm']} | failed: {r['error'].strip().splitlines()[-1][:120]} |")
     out = {"model": name, "steps": steps, "global_batch": batch, "seq_len": seq, "arms": rows}
+    for same, hand in (("tp-fp32", "fp32"), ("tp-bf16", "bf16")):
+        if same in ok and hand in ok:
+            out[f"{same}_over_{hand}"] = ok[same]["rate"] / ok[hand]["rate"]
+            print(f"\n{same} / {hand} (same technique), whole loop: {out[f'{same}_over_{hand}']:.3f}x; "
+                  f"steady {ok[same]['steady_rate'] / ok[hand]['steady_rate']:.3f}x (goal >= 0.97)")
     tp = ok.get("tensorpilot")
     peers = [ok[a] for a in PEERS if a in ok]
     if tp and peers:

@@ -5,7 +5,7 @@ Arms (all on the built-in gpt, the same stdlib byte corpus, the same batch):
   tp        tensorpilot Trainer, precision=bf16, compile=on (explicit)
   hand      a minimal hand-written loop with the same techniques: bf16 autocast, torch.compile
             per block (PyTorch's regional-compilation recipe), the gpt's blocked CPU attention
-            (its public ``attention_impl`` switch), AdamW (same implementation, decay groups,
+            (``FastAttention("blocked")`` around the forward), AdamW (same implementation, decay groups,
             schedule), gradient clipping
   tp-auto   tensorpilot Trainer with its defaults: precision=auto, compile=auto
   tutorial  the plain fp32 eager loop of the popular tutorials (AdamW, zero_grad/backward/step)
@@ -22,11 +22,14 @@ Reported:
 
     python benchmarks/train_overhead.py                      # small gpt, batch 16: ~4 min on 2 cores
     python benchmarks/train_overhead.py --size tiny --batch-size 32 --rounds 6   # ~1.5 min
+    python benchmarks/train_overhead.py --model nanogpt --batch-size 8 --rounds 6  # a user's model:
+                               # tensorpilot vs the hand loop, same precision, eager, SDPA as called
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -65,9 +68,12 @@ class HandLoop:
                 1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, steps - warmup))))
             self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine)
         self.fwd = self.model
+        self.attention = contextlib.nullcontext()
         if compiled:     # the same choices tensorpilot makes on a CPU, written out by hand
+            from tensorpilot.attention import FastAttention
+
+            self.attention = FastAttention("blocked")      # blocked causal attention for SDPA calls
             for block in self.model.blocks:
-                block.attn.attention_impl = "math"
                 block.compile()
         self.bf16, self.clip = bf16, clip
 
@@ -75,7 +81,7 @@ class HandLoop:
         starts = torch.randint(self.corpus.numel() - self.seq_len - 1, (self.batch,))
         w = torch.stack([self.corpus[i:i + self.seq_len + 1] for i in starts.tolist()]).long()
         x, y = w[:, :-1], w[:, 1:]                                          # (B, T), (B, T)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16), self.attention:
             logits = self.fwd(x)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
         loss.backward()
@@ -88,8 +94,127 @@ class HandLoop:
         return loss.item()
 
 
+class ArmTimer:
+    """``timed(name)`` runs one step of arm ``name`` under a foreign-load meter and keeps
+    (seconds, foreign load) in ``times[name]``."""
+
+    def __init__(self, arms: dict):
+        self.arms = arms
+        self.times: dict[str, list[tuple[float, float | None]]] = {k: [] for k in arms}
+
+    def __call__(self, name: str) -> float:
+        with LoadMeter() as m:
+            self.arms[name]()
+        self.times[name].append((m.result.seconds, m.result.foreign))
+        return m.result.seconds
+
+
+class UserHandLoop:
+    """The hand loop on a user's model (benchmarks/user_models.py): ``precision`` as asked, eager,
+    SDPA as the model calls it, fused AdamW with the same groups and schedule, clipping."""
+
+    def __init__(self, name: str, batch: int, precision: str, steps: int, seed: int = 0):
+        import user_models
+
+        torch.manual_seed(seed)
+        self.model = user_models.build(name, 256)
+        self.data, _ = user_models.datasets(name, seq_len=256, n_train=batch * 10_000, n_val=8)
+        self.batch, self.bf16, self.i = batch, precision == "bf16", 0
+        params = list(self.model.parameters())
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), fused=True)
+        warmup, min_ratio = 50, 0.1
+        cosine = lambda s: (s + 1) / warmup if s < warmup else min_ratio + (1 - min_ratio) * 0.5 * (
+            1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, steps - warmup))))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine)
+
+    def step(self) -> float:
+        import user_models
+
+        b = [self.data[j] for j in range(self.i, self.i + self.batch)]
+        self.i += self.batch
+        x, y = torch.utils.data.default_collate(b)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            loss = user_models.loss_fn(self.model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.sched.step()
+        return loss.item()
+
+
+def user_model_overhead(args) -> int:
+    """tensorpilot and a hand loop with the same technique on a model tensorpilot did not write:
+    alternating steps in one process, median ratio over rounds."""
+    import user_models
+    from rich.console import Console
+
+    from tensorpilot import RunConfig, Trainer
+    from tensorpilot.workloads.base import Workload
+
+    precision = args.precision
+    if precision == "auto":
+        from tensorpilot.hardware.probe import quick_ceiling
+
+        precision = "bf16" if quick_ceiling("cpu", "bf16")[0] > 1.1 * quick_ceiling("cpu", "fp32")[0] else "fp32"
+    hand = UserHandLoop(args.model, args.batch_size, precision, args.steps)
+    torch.manual_seed(0)
+    model = user_models.build(args.model, 256)
+    train, _ = user_models.datasets(args.model, seq_len=256, n_train=args.batch_size * 10_000, n_val=8)
+    cfg = RunConfig()
+    cfg.data.batch_size, cfg.engine.precision, cfg.engine.compile = args.batch_size, precision, "off"
+    cfg.engine.attention = "sdpa"                          # the hand loop's kernels
+    cfg.optim.lr, cfg.optim.betas = 1e-3, [0.9, 0.95]
+    cfg.train.steps, cfg.train.eval_interval = args.steps, 10**9
+    cfg.checkpoint.enabled, cfg.logging.tensorboard, cfg.logging.progress = False, False, "off"
+    cfg.run_dir = tempfile.mkdtemp(prefix="tp-overhead-user-")
+    tp = Trainer(cfg, Workload(model=model, train_data=train, loss_fn=user_models.loss_fn,
+                               tokens_per_sample=user_models.tokens_per_sample(args.model, 256)),
+                 console=Console(quiet=True))
+    tp.setup()
+    arms = {"tp": tp.train_step, "hand": hand.step}
+    timed = ArmTimer(arms)
+    times = timed.times
+
+    for name in arms:
+        for _ in range(3):
+            timed(name)
+    for k in times:
+        times[k].clear()
+    ratios, quiet = [], []
+    for r in range(args.rounds):
+        order = ("tp", "hand", "hand", "tp") if r % 2 == 0 else ("hand", "tp", "tp", "hand")
+        s = dict.fromkeys(arms, 0.0)
+        for name in order:
+            s[name] += timed(name)
+        ratios.append(s["tp"] / s["hand"])
+        quiet.append(all(f is not None and f < QUIET for k in arms for _, f in times[k][-2:]))
+        print(f"round {r + 1}: tp {s['tp'] / 2:.3f}s hand {s['hand'] / 2:.3f}s tp/hand {ratios[-1]:.3f}"
+              + ("" if quiet[-1] else " (not quiet)"), flush=True)
+    q = [o for o, ok in zip(ratios, quiet) if ok]
+    res = {"benchmark": "train_overhead", "model": args.model, "precision": precision,
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "command": "python " + " ".join(sys.argv), "machine": machine(), "batch_size": args.batch_size,
+           "overhead_ratio_tp_over_hand": median(ratios),
+           "overhead_ratio_quiet_rounds": median(q) if q else None, "quiet_rounds": sum(quiet),
+           "median_step_s": {k: median([t for t, _ in v]) for k, v in times.items()}}
+    out = Path(args.out.replace(".json", f"_{args.model}.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    print(f"\n{args.model}, {precision} eager, batch {args.batch_size}: engine overhead tp/hand "
+          f"{res['overhead_ratio_tp_over_hand']:.3f} (goal <= 1.03; {sum(quiet)}/{args.rounds} quiet rounds"
+          + (f", {res['overhead_ratio_quiet_rounds']:.3f} over them" if q else "") + f"); wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="gpt", help="gpt (the four arms below) or a model of "
+                   "benchmarks/user_models.py (nanogpt, hf-gpt2, hf-llama, timm-resnet): tp vs hand only")
+    p.add_argument("--precision", default="auto", help="user models: fp32, bf16, or auto (the faster "
+                   "by this machine's measured matmul ceilings, as tensorpilot chooses)")
     p.add_argument("--size", default="small")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--rounds", type=int, default=8)
@@ -97,6 +222,12 @@ def main(argv=None) -> int:
                    help="planned run length the arms are configured for (compile=auto decides on it)")
     p.add_argument("--out", default="benchmarks/results/train_overhead.json")
     args = p.parse_args(argv)
+    if args.model != "gpt":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import user_models
+
+        user_models._torchvision_importable()
+        return user_model_overhead(args)
     torch.manual_seed(0)
     from tensorpilot.hardware.probe import matmul_flops
     from tensorpilot.workloads import registry
@@ -129,13 +260,8 @@ def main(argv=None) -> int:
             auto._maybe_compile(time.perf_counter() - t0)
     arms["tp-auto"] = auto_step
 
-    times: dict[str, list[tuple[float, float | None]]] = {k: [] for k in arms}
-
-    def timed(name: str) -> float:
-        with LoadMeter() as m:
-            arms[name]()
-        times[name].append((m.result.seconds, m.result.foreign))
-        return m.result.seconds
+    timed = ArmTimer(arms)
+    times = timed.times
 
     # warm-up: compilation of tp/hand, compile=auto's eager step + decision + compilation
     t_warm = time.perf_counter()

@@ -166,3 +166,37 @@ def test_retained_host_memory_spares_page_faults_of_a_training_step():
     assert applied == "True"
     assert default > 1000                         # 3.3 MB+ of fresh pages per step by default
     assert retained < default / 10
+
+
+def test_compile_decision_weighs_the_measured_compile_time_against_the_saving(monkeypatch, tmp_path):
+    """A record of an earlier run (compile 20 s, compiled steps 0.8 s vs 1.0 s eager) decides:
+    200 s left save 40 s > 1.5 x 20 s; 100 s left save 20 s < 30 s; slower compiled steps never
+    compile. Without a record the priors stand in, and they say so."""
+    import shutil
+
+    from tensorpilot.hardware.device import DeviceCaps
+    from tensorpilot.training import engine
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)      # a C++ compiler exists
+    cpu = DeviceCaps(kind="cpu", name="cpu")
+    rec = {"compile_s": 20.0, "eager_step_s": 1.0, "compiled_step_s": 0.8}
+    on, why = engine.compile_decision("auto", cpu, 200, 1.0, rec)
+    assert on and "save ~40 s" in why and "measured here before" in why
+    on, why = engine.compile_decision("auto", cpu, 100, 1.0, rec)
+    assert on is False and "save ~20 s" in why
+    on, why = engine.compile_decision("auto", cpu, 10**6, 1.0, {**rec, "compiled_step_s": 1.1})
+    assert on is False and "no faster" in why
+    on, why = engine.compile_decision("auto", cpu, 100, 1.0, None)                  # priors: 10 s < 45 s
+    assert on is False and "priors" in why
+    assert engine.compile_decision("auto", cpu, 100, None, rec)[0] is None          # time a step first
+    assert engine.compile_decision("off", cpu, 10**6, 1.0, rec)[0] is False
+
+    monkeypatch.setenv("TENSORPILOT_CACHE", str(tmp_path))
+    m = GPT(GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=16))
+    sig = engine.block_signature(m, micro_batch=4, precision="fp32", device_name="cpu")
+    assert sig != engine.block_signature(m, micro_batch=8, precision="fp32", device_name="cpu")
+    assert engine.load_compile_record(sig) is None
+    engine.save_compile_record(sig, 12.0, 0.5, 0.4)
+    assert engine.load_compile_record(sig) == {"compile_s": 12.0, "eager_step_s": 0.5, "compiled_step_s": 0.4}
+    (tmp_path / f"compile-{sig}.json").write_text('{"compile_s": "x"}')              # damaged: ignored
+    assert engine.load_compile_record(sig) is None

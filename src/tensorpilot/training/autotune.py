@@ -447,8 +447,12 @@ class Tuner:
         from tensorpilot.training import engine
 
         done = sum(t.steps for t in trials)
-        decision, why = engine.compile_decision(self.compile_requested, self.t.caps,
-                                                self.remaining - done, best.measured_step_s)
+        model = getattr(self.t, "model", None)
+        signature = engine.block_signature(model, micro_batch=eager_best.micro_batch, precision=eager_best.precision,
+                                           device_name=self.t.caps.name) if model is not None else None
+        decision, why = engine.compile_decision(self.compile_requested, self.t.caps, self.remaining - done,
+                                                best.measured_step_s,
+                                                engine.load_compile_record(signature) if signature else None)
         extra["compile_decision"] = why
         left_s = (budget or 0.0) - (self.clock() - t_start)
         if decision and (left_s < COMPILE_TRIAL_ESTIMATE_S or self._steps_left(trials) < 0):
@@ -481,6 +485,9 @@ class Tuner:
                     trials.append(trial)
                     continue
                 trials.append(trial)
+                if i == 0 and signature and trial.warmup_s and trial.measured_step_s:   # for the next run
+                    engine.save_compile_record(signature, trial.warmup_s - best.measured_step_s,
+                                               best.measured_step_s, trial.measured_step_s)
                 current = next(t for t in trials if t.candidate == chosen)
                 if trial.measured_step_s < current.measured_step_s:
                     saving = 1 - trial.measured_step_s / best.measured_step_s

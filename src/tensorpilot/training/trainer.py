@@ -49,6 +49,9 @@ from tensorpilot.workloads import specs
 from tensorpilot.workloads.base import Workload
 
 LN2 = math.log(2.0)
+# compile=auto: compiled steps timed (after the compiling one) before they are compared with eager
+COMPILE_PROBE_STEPS = 3
+COMPILE_NOISE = 0.03
 
 
 def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> None:
@@ -105,6 +108,7 @@ class Trainer:
         self.tune_result = None
         self._started = False                           # the loop runs: a stop signal saves first
         self._attention_reported = False
+        self._compile_probe: dict | None = None         # compile=auto measuring its compiled steps
         self.optim_cfg, self._optim_why = self.cfg.optim, ""   # --optimize auto may pick a lighter optimizer
 
     # ------------------------------------------------------------------------------ setup
@@ -421,14 +425,48 @@ class Trainer:
         self.sched.step()
         return loss_value, norm_value, finite
 
-    def _maybe_compile(self, eager_step_s: float) -> None:
-        """compile=auto: decide once an eager step has been timed (the first, warm-up step is not)."""
+    def _compile_signature(self) -> str:
+        return engine.block_signature(self.model, micro_batch=self.plan.micro_batch,
+                                      precision=self.plan.precision, device_name=self.caps.name)
+
+    def _maybe_compile(self, step_s: float) -> None:
+        """compile=auto: decide once an eager step has been timed (the first, warm-up step is
+        not), from the compile time and gain measured by an earlier run of this model here (or
+        the priors); then measure this run's compile time and compiled steps, record them for the
+        next run, and go back to eager if the compiled steps are not faster."""
+        probe = self._compile_probe
+        if probe is not None:
+            self._probe_compiled_step(probe, step_s)
+            return
         if self.plan.compile != "pending":
             return
+        record = engine.load_compile_record(self._compile_signature())
         on, why = engine.compile_decision(self.cfg.engine.compile, self.caps,
-                                          self.cfg.train.steps - self.step, eager_step_s)
+                                          self.cfg.train.steps - self.step, step_s, record)
         self.apply(self.plan.replace(compile="on" if on else "off", why={"compile": why}))
         self.console.print(f"  compile:   {escape(why)}")
+        if on:
+            self._compile_probe = {"eager_s": step_s, "first_s": None, "steps": []}
+
+    def _probe_compiled_step(self, probe: dict, step_s: float) -> None:
+        if not self.plan.compiled:                   # compilation failed and fell back to eager
+            self._compile_probe = None
+            return
+        if probe["first_s"] is None:                 # the first compiled step pays the compile
+            probe["first_s"] = step_s
+            return
+        probe["steps"].append(step_s)
+        if len(probe["steps"]) < COMPILE_PROBE_STEPS:
+            return
+        self._compile_probe = None
+        compiled = sorted(probe["steps"])[len(probe["steps"]) // 2]
+        engine.save_compile_record(self._compile_signature(), probe["first_s"] - probe["eager_s"],
+                                   probe["eager_s"], compiled)
+        if compiled > probe["eager_s"] * (1 + COMPILE_NOISE):
+            why = (f"{self.plan.reason('compile')} -> measured {compiled * 1e3:.0f} ms compiled vs "
+                   f"{probe['eager_s'] * 1e3:.0f} ms eager per step: back to eager")
+            self.apply(self.plan.replace(compile="off", why={"compile": why}))
+            self.console.print(f"  compile:   {escape(why)}")
 
     def _report_attention(self) -> None:
         """After the first step: what the model's SDPA calls run on, with the times measured."""
