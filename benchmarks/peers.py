@@ -17,8 +17,8 @@ pays what a first run pays):
   tp-fp32, tp-bf16  (optional) tensorpilot with the fp32 / bf16 loop's technique: no tuning,
                eager, SDPA as called -- the engine's own cost over a whole loop
 
-Same model initialisation (seed), the same samples (one epoch of a map-style dataset: samples
-0, 1, 2, ... in order; tensorpilot's loader reads the same epoch in its seeded shuffled order), AdamW (lr 1e-3, betas 0.9/0.95, weight
+Same model initialisation (seed), the same batches in the same order (one epoch of a map-style
+dataset, in the seeded order tensorpilot's loader reads it; the peers iterate the same loader), AdamW (lr 1e-3, betas 0.9/0.95, weight
 decay 0.1 on matrices), warm-up 10 steps then cosine, gradient clipping 1.0.
 
 Reported per arm: ``loop_s`` = the whole loop, from model construction to the end of the last
@@ -51,9 +51,10 @@ HERE = Path(__file__).resolve().parent
 ARMS = ("fp32", "bf16", "accelerate", "lightning", "tensorpilot")
 PEERS = ("fp32", "bf16", "accelerate", "lightning")
 LR, BETAS, WD, WARMUP, MIN_RATIO, CLIP = 1e-3, (0.9, 0.95), 0.1, 10, 0.1, 1.0
+SEED = 1337            # model initialisation and data order (tensorpilot's train.seed default)
 VAL_BATCHES = 8
 # per model: (global batch, sequence length); sized so a step takes a fraction of a second here
-SHAPES = {"nanogpt": (8, 256), "gpt": (8, 256), "hf-gpt2": (8, 256), "hf-llama": (8, 256),
+SHAPES = {"nanogpt": (8, 128), "gpt": (8, 128), "hf-gpt2": (8, 256), "hf-llama": (8, 256),
           "timm-resnet": (32, None)}
 
 
@@ -83,9 +84,19 @@ def loss_fn(out, y):
     return user_models.loss_fn(out, y)
 
 
-def batches(ds, batch: int, steps: int):
+def batches(ds, batch: int, steps: int, seed: int | None = None):
+    """``steps`` batches of ``batch`` samples; ``seed``: the order tensorpilot's loader reads them
+    in at that seed (a seeded permutation per epoch), so every arm sees the same batches in
+    the same order; None: samples 0, 1, 2, ... (evaluation)."""
     import torch
 
+    if seed is not None:
+        from tensorpilot.training.loader import make_loader
+
+        it = iter(make_loader(ds, batch, 0, 0, False, seed))
+        for _ in range(steps):
+            yield next(it)
+        return
     for s in range(steps):
         yield torch.utils.data.default_collate([ds[i] for i in range(s * batch, (s + 1) * batch)])
 
@@ -141,7 +152,7 @@ def hand_loop(name, batch, seq, steps, bf16: bool):
     opt = torch.optim.AdamW(param_groups(model), lr=LR, betas=BETAS)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(steps))
     clock = Clock()
-    for x, y in batches(train, batch, steps):
+    for x, y in batches(train, batch, steps, SEED):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = loss_fn(model(x), y)
         opt.zero_grad()
@@ -174,7 +185,7 @@ def arm_accelerate(name, batch, seq, steps, run_dir):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(steps))
     model, opt, sched = acc.prepare(model, opt, sched)
     clock = Clock()
-    for x, y in batches(train, batch, steps):
+    for x, y in batches(train, batch, steps, SEED):
         loss = loss_fn(model(x), y)
         acc.backward(loss)
         acc.clip_grad_norm_(model.parameters(), CLIP)
@@ -215,7 +226,7 @@ def arm_lightning(name, batch, seq, steps, run_dir):
 
     class Batches(torch.utils.data.IterableDataset):
         def __iter__(self):
-            return batches(train, batch, steps)
+            return batches(train, batch, steps, SEED)
 
     lit = torch.compile(Lit(model))        # Lightning's documented way: compile the LightningModule
     trainer = L.Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", max_steps=steps,
@@ -240,7 +251,7 @@ def arm_tensorpilot(name, batch, seq, steps, run_dir, fixed: str | None = None):
     s = tensorpilot.train(model, train, loss_fn, val_data=val, tokens_per_sample=seq, overrides={
         **how, "train.steps": steps, "data.batch_size": batch,
         "optim.lr": LR, "optim.betas": list(BETAS), "optim.weight_decay": WD, "optim.warmup_steps": WARMUP,
-        "optim.min_lr_ratio": MIN_RATIO, "optim.grad_clip": CLIP, "checkpoint.enabled": False,
+        "optim.min_lr_ratio": MIN_RATIO, "optim.grad_clip": CLIP, "checkpoint.enabled": False, "train.seed": SEED,
         "train.eval_interval": 10**6, "train.eval_batches": 1, "logging.progress": "off",
         "logging.tensorboard": False, "run_dir": run_dir})
     loop = time.perf_counter() - t0
@@ -264,6 +275,8 @@ def child(arm: str, name: str, steps: int, run_dir: str, seed: int) -> None:
 
     logging.getLogger("torchao").setLevel(logging.ERROR)
     user_models._torchvision_importable()        # lightning, transformers and timm import it
+    global SEED
+    SEED = seed
     torch.manual_seed(seed)
     batch, seq = SHAPES[name]
     if arm in ("tp-fp32", "tp-bf16"):
