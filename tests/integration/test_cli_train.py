@@ -127,3 +127,21 @@ def test_compiled_training_runs_for_real(tmp_path):
     s = json.loads((run / "summary.json").read_text())
     assert s["compiled"] is True, proc.stdout + proc.stderr
     assert s["final_val_loss"] < s["initial_val_loss"]
+
+
+@pytest.mark.parametrize("attention", ["blocked", "sdpa"])
+def test_attention_routing_is_reported_and_switchable(tmp_path, attention):
+    """The gpt's SDPA calls run on the blocked kernel when asked (and are counted in
+    summary.json), or are left to PyTorch with --engine.attention sdpa; training learns either way."""
+    run = tmp_path / "run"
+    proc = run_cli("train", *FAST, "--steps", "6", "--engine.attention", attention, "--run-dir", str(run), check=True)
+    s = json.loads((run / "summary.json").read_text())
+    assert s["execution_plan"]["attention"] == attention
+    if attention == "blocked":
+        training = [c for c in s["attention_calls"] if c.get("training")]
+        # 2 layers x 6 steps of (8, 2, 32, 32) causal calls on the blocked kernel
+        assert training and training[0]["impl"] == "blocked" and training[0]["calls"] == 2 * 6
+        assert training[0]["shape"] == [8, 2, 32, 32] and "attention: blocked" in proc.stdout
+    else:
+        assert s["attention_calls"] == [] and "sdpa" in s["attention"]
+    assert s["final_val_loss"] < s["initial_val_loss"]

@@ -113,8 +113,35 @@ def test_tuner_respects_its_budget_and_picks_the_fastest_it_measured():
     assert [t.candidate.micro_batch for t in r.trials] == [8, 4, 2]
     assert r.chosen == at.Candidate("bf16", 4, 2)           # fastest measured, not the predicted best
     assert state["c"] == r.chosen                           # and applied to the trainer
-    assert r.tuning_s <= 7.0 + cost[2] * (1 + at.TRIAL_STEPS)   # at most one trial past the check
+    # at most one trial past the check, plus the confirmation of the winner: 8 and 4 timed again
+    assert r.tuning_s <= 7.0 + cost[2] * (1 + at.TRIAL_STEPS) + (cost[8] + cost[4]) * (1 + at.TRIAL_STEPS)
     assert r.to_dict()["chosen"]["micro_batch"] == 4
+    assert [t.steps for t in r.trials] == [6, 6, 3]          # the two compared twice, 2 + 1 warm-up each
+
+
+def test_a_challenger_that_won_by_luck_is_timed_again_and_loses():
+    """Micro-batch 4 is timed during a quiet moment (0.6 s/step), later it runs at its true
+    1.05 s/step; the incumbent 8 runs at 1.0 s/step throughout: after timing both again, 8 stays."""
+    clock, state, seen = FakeClock(), {}, {"n4": 0}
+    trainer = SimpleNamespace(caps=CPU_BF16, opt=None)
+
+    def apply(_, c):
+        state["c"] = c
+
+    def step():
+        m = state["c"].micro_batch
+        if m == 4:
+            seen["n4"] += 1
+            clock.now += 0.6 if seen["n4"] <= 3 else 1.05
+        else:
+            clock.now += 1.0
+
+    cands = [at.Candidate("bf16", m, 8 // m) for m in (8, 4)]
+    tuner = at.Tuner(trainer, step, budget_s=100.0, predictor=None, compile_requested="off",
+                     remaining_steps=1000, apply=apply, clock=clock)
+    r = tuner.run(cands, at.rule_choices(CPU_BF16, data_in_memory=True))
+    assert r.chosen == at.Candidate("bf16", 8, 1) and state["c"] == r.chosen
+    assert seen["n4"] == 6                                   # timed twice: 2 x (warm-up + 2 steps)
 
 
 def test_tuner_default_budget_is_a_tenth_of_the_run():

@@ -136,3 +136,32 @@ def test_meta_copy_is_all_meta_and_keeps_ties_and_frozen_flags():
     assert {n: p.shape for n, p in m.named_parameters()} == {n: p.shape for n, p in model.named_parameters()}
     # and shares no storage with the real model
     assert not {p.data_ptr() for p in model.parameters()} & {p.data_ptr() for p in m.parameters()}
+
+
+class ReadsAValue(nn.Module):
+    """Calls ``.item()`` in forward, as some Hugging Face models do (meta tensors cannot), and
+    holds BatchNorm statistics and dropout that counting must leave untouched."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.drop, self.fc2 = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.5), nn.Linear(16, 4)
+
+    def forward(self, x):
+        if x.abs().max().item() > 1e9:                 # a data-dependent branch
+            x = x / 2
+        return self.fc2(self.drop(self.bn(self.fc1(x))))
+
+
+def test_a_model_meta_tensors_cannot_run_is_counted_on_one_real_sample():
+    torch.manual_seed(0)
+    m = ReadsAValue()
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    buffers = [b.clone() for b in m.buffers()]
+    rng = torch.get_rng_state()
+    flops = train_step_flops(m, x, y, F.cross_entropy)
+    # hand count: forward 2*B*(8*16 + 16*4) matmul FLOPs; backward: weight grads of both layers,
+    # the input grad of fc2 only (x needs none) -> step = 2*B*(3*16*4 + 2*8*16)
+    assert flops == 2 * 6 * (3 * 16 * 4 + 2 * 8 * 16)
+    assert all(torch.equal(a, b) for a, b in zip(m.buffers(), buffers))     # BatchNorm stats kept
+    assert torch.equal(torch.get_rng_state(), rng)                          # dropout drew nothing of the run's
+    assert all(p.grad is None for p in m.parameters())

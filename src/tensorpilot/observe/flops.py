@@ -38,7 +38,7 @@ def train_step_flops(model: nn.Module, inputs, targets, loss_fn: Callable) -> in
     """FLOPs of forward + loss + backward for one micro-batch (inputs as the model takes them):
     counted on a meta copy (no memory, no compute). A model that meta tensors cannot run (it
     reads a value: ``.item()``, data-dependent shapes, as some Hugging Face models do) is counted
-    on one real sample instead and scaled to the micro-batch."""
+    on two real samples instead (BatchNorm needs more than one) and scaled to the micro-batch."""
     try:
         m = meta_copy(model)
         m.train()
@@ -46,8 +46,9 @@ def train_step_flops(model: nn.Module, inputs, targets, loss_fn: Callable) -> in
     except Exception:  # noqa: BLE001 - any op meta tensors cannot run
         pass
     n = _batch_size(inputs)
-    one = lambda t: t[:1] if isinstance(t, torch.Tensor) and t.dim() else t    # noqa: E731
-    x, y = _map(inputs, one), _map(targets, one)
+    k = min(n, 2)
+    head = lambda t: t[:k] if isinstance(t, torch.Tensor) and t.dim() else t    # noqa: E731
+    x, y = _map(inputs, head), _map(targets, head)
     grads = {p: p.grad for p in model.parameters()}
     buffers = [b.detach().clone() for b in model.buffers()]       # BatchNorm statistics
     with torch.random.fork_rng(devices=[]):                        # dropout draws are not the run's
@@ -57,7 +58,7 @@ def train_step_flops(model: nn.Module, inputs, targets, loss_fn: Callable) -> in
     with torch.no_grad():
         for b, saved in zip(model.buffers(), buffers):
             b.copy_(saved)
-    return flops * n
+    return flops * n // k
 
 
 def _count(m: nn.Module, x, y, loss_fn: Callable) -> int:
