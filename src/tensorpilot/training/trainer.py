@@ -399,10 +399,10 @@ class Trainer:
             # DDP/FSDP: gradients are reduced on the last micro-batch only
             with self.par.grad_sync(model, enabled=i == len(batches) - 1):
                 if self.par.pipelined:                  # the schedule runs forward and backward
-                    with self.autocast(), self.attention:
+                    with self.autocast(), self._routing():
                         total += self.par.pipeline_step(x, y)
                     continue
-                with self.autocast(), self.attention:
+                with self.autocast(), self._routing():
                     loss = self.workload.loss(model(x), y) / len(batches)
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             total += loss.detach().float()
@@ -467,6 +467,11 @@ class Trainer:
                    f"{probe['eager_s'] * 1e3:.0f} ms eager per step: back to eager")
             self.apply(self.plan.replace(compile="off", why={"compile": why}))
             self.console.print(f"  compile:   {escape(why)}")
+
+    def _routing(self):
+        """The attention mode around a forward pass; none at all with engine.attention=sdpa (a
+        mode sees every torch call the model makes: nothing to route, nothing to pay)."""
+        return self.attention if self.attention.mode != "sdpa" else contextlib.nullcontext()
 
     def _report_attention(self) -> None:
         """After the first step: what the model's SDPA calls run on, with the times measured."""
@@ -633,7 +638,7 @@ class Trainer:
                 x, y = loader.to_device(next(it), self.device, non_blocking=False)
             except StopIteration:
                 break
-            with self.autocast(), self.attention:
+            with self.autocast(), self._routing():
                 if self.par.pipelined:
                     total += self.par.pipeline_step(x, y, train=False) * self.plan.grad_accum
                 else:
