@@ -93,18 +93,22 @@ def adamw8bit(groups: list[dict], cfg: OptimConfig, device_kind: str) -> torch.o
 
 
 def state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of optimizer state held now (tensors and tensor subclasses, step counters included)."""
-    total = 0
-    for state in opt.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor):
-                inner = getattr(v, "__tensor_flatten__", None)
-                if inner is not None and type(v) is not torch.Tensor and not isinstance(v, nn.Parameter):
-                    names, _ = v.__tensor_flatten__()
-                    total += sum(getattr(v, n).numel() * getattr(v, n).element_size() for n in names)
-                else:
-                    total += v.numel() * v.element_size()
-    return total
+    """Bytes of optimizer state this process holds (plain tensors, this rank's shard of a DTensor,
+    the inner tensors of a quantized state such as torchao's 8-bit ones, step counters)."""
+    return sum(_tensor_bytes(v) for state in opt.state.values() for v in state.values()
+               if isinstance(v, torch.Tensor))
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    if type(t) in (torch.Tensor, nn.Parameter):
+        return t.numel() * t.element_size()
+    if hasattr(t, "to_local"):                           # DTensor: the local shard
+        return _tensor_bytes(t.to_local())
+    flatten = getattr(t, "__tensor_flatten__", None)      # a tensor subclass: its inner tensors
+    if flatten is not None:
+        names, _ = flatten()
+        return sum(_tensor_bytes(getattr(t, n)) for n in names if isinstance(getattr(t, n), torch.Tensor))
+    return t.numel() * t.element_size()
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
