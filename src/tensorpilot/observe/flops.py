@@ -25,13 +25,8 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 def to_meta(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.to("meta")
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(to_meta(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: to_meta(v) for k, v in obj.items()}
-    return obj
+    """Tensors of a (nested) batch as meta tensors."""
+    return _map(obj, lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t)
 
 
 def train_step_flops(model: nn.Module, inputs, targets, loss_fn: Callable) -> int:

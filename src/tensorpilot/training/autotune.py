@@ -554,7 +554,7 @@ def tune(trainer, step: Callable[[], None]) -> TuneResult:
         activation_checkpointing=True if cfg.engine.activation_checkpointing else None,
         micro_limit=micro_limit or None,
         convolutional=any(isinstance(m, torch.nn.Conv2d) for m in trainer.model.modules()),
-        ceilings=trainer._ceilings())
+        ceilings=trainer.ceilings)
     key = cache_key({"meta": wl.meta, "kind": wl.kind, "params": trainer.n_params, "global_batch": global_batch,
                      "precision": cfg.engine.precision, "compile": cfg.engine.compile,
                      "device": caps.name, "flags": sorted(caps.cpu_flags), "torch": torch.__version__,

@@ -109,6 +109,7 @@ class Trainer:
         self._started = False                           # the loop runs: a stop signal saves first
         self._attention_reported = False
         self._compile_probe: dict | None = None         # compile=auto measuring its compiled steps
+        self.ceilings: dict[str, float] | None = None   # measured bf16/fp32 matmul ceilings (CPU, auto)
         self.optim_cfg, self._optim_why = self.cfg.optim, ""   # --optimize auto may pick a lighter optimizer
 
     # ------------------------------------------------------------------------------ setup
@@ -157,7 +158,8 @@ class Trainer:
             torch.backends.cudnn.benchmark = not cfg.train.deterministic
 
         # the plan of the model as built: no technique applied yet (apply() adds them below)
-        choice = precision.choose(cfg.engine.precision, self.caps, self._ceilings())
+        self.ceilings = self._ceilings()                # read once: precision and autotune use them
+        choice = precision.choose(cfg.engine.precision, self.caps, self.ceilings)
         self.plan = ExecutionPlan(
             device=str(self.device), precision=choice.name, micro_batch=cfg.data.batch_size,
             grad_accum=cfg.engine.grad_accum, num_workers=cfg.data.num_workers,
