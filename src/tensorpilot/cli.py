@@ -20,7 +20,7 @@ MAX_GENERATE_TOKENS = 1_000_000      # one forward pass per byte: more would run
 COMPONENT_COMMANDS = (
     "tensorpilot.serve.command",
     "tensorpilot.launch.command",
-    "tensorpilot.plan.command",
+    "tensorpilot.modelplan.command",
 )
 
 def cmd_train(args: argparse.Namespace) -> int:

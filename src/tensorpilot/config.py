@@ -205,6 +205,9 @@ class TrainConfig:
     memory_check: bool = _f(True, "Before allocating the model, estimate the run's memory (weights, "
                             "gradients, optimizer state, one micro-batch's activations) and stop with "
                             "a message if it exceeds what the device has free; off to try anyway.")
+    predict: bool = _f(True, "Trace the step before training and put the planner's step time and peak "
+                       "memory beside the measured ones (summary.json 'predicted'); the measured ratios "
+                       "refit this machine's planner calibration (`tensorpilot plan calibration`).")
 
     def validate(self) -> None:
         if self.steps <= 0:

@@ -16,7 +16,7 @@ LAYERS = [
     {"plan"},                                              # predictions (torch-free)
     {"attention", "workloads"},                            # kernels any model calls; models, data, specs
     {"modules", "observe"},                                # model surgery, measurements
-    {"parallel"},                                          # process groups, parallelize
+    {"parallel", "modelplan"},                             # process groups, parallelize; any model planned
     {"training"},                                          # the trainer, checkpoints, autotune
     {"api", "trainargs", "serve", "launch"},               # entry points
     {"cli", "__main__", "__init__"},                       # the command line and the facade

@@ -208,6 +208,68 @@ def plan_predictor(planned: tuple[Any, int] | None, caps: DeviceCaps, *, global_
     return predict_one
 
 
+def traced_predictor(trainer) -> Predictor:
+    """Predictions for any model from its traced step (training/predicted.py): one trace per
+    (precision, micro-batch) -- the global batch fixes the accumulation -- costed on this device
+    with its calibration; a candidate predicted not to fit the free memory is ruled out.
+    Activation checkpointing adds one more forward of every block to the step (recomputation);
+    its memory saving is not modelled, so it is never ruled out."""
+    from tensorpilot.training import fits, predicted
+
+    free, _ = fits.free_bytes(trainer.device)
+    cache: dict[tuple[str, int], Any] = {}
+    autocasts = {"bf16": "bfloat16", "fp16": "float16"}
+
+    def predict_one(c: Candidate) -> Prediction:
+        key = (c.precision, c.micro_batch)
+        if key not in cache:
+            batch = fits.meta_batch(trainer.workload.train_data, c.micro_batch, trainer.cfg.train.seed)
+            cache[key] = predicted.predict_run(
+                trainer.model, batch, trainer.workload.loss, name=trainer.cfg.model.name,
+                optimizer=trainer.optim_cfg.name, device=trainer.device, autocast=autocasts.get(c.precision),
+                micro_batch=c.micro_batch, grad_accum=c.grad_accum, n_devices=1, sharding="none",
+                tokens_per_sample=None, clip_grad_norm=bool(trainer.cfg.optim.grad_clip))
+        run = cache[key]
+        if run.plan is None:
+            return Prediction(True, None, None, run.why_not or "no prediction")
+        p = run.plan
+        step, memory = p.step_time_s, p.memory_bytes["total"]
+        if c.activation_checkpointing:
+            # recomputing the forward costs about a third of a step's compute (backward ~ 2x forward)
+            forward = p.time_breakdown_s["compute"] / 3
+            return Prediction(True, step + forward, None,
+                              f"traced: {step * 1e3:.1f} ms + ~{forward * 1e3:.1f} ms recomputation")
+        ok = free is None or memory <= free
+        return Prediction(ok, step, memory, f"traced: {memory / 2**20:,.0f} MiB"
+                          + ("" if ok else f" > {free / 2**20:,.0f} MiB free"))
+    return predict_one
+
+
+def predicted_micro_limit(trainer, global_batch: int) -> int | None:
+    """The largest micro-batch the traced plan says fits the device's free memory: memory is
+    states + micro-batch x per-sample activations, read off traces at 1 and 2 samples. The
+    batch-size finder starts its trials there (trials confirm; the plan only saves them)."""
+    from tensorpilot.training import fits, predicted
+
+    free, _ = fits.free_bytes(trainer.device)
+    if not free:
+        return None
+    totals = []
+    for n in (1, 2):
+        batch = fits.meta_batch(trainer.workload.train_data, n, trainer.cfg.train.seed)
+        run = predicted.predict_run(trainer.model, batch, trainer.workload.loss, name=trainer.cfg.model.name,
+                                    optimizer=trainer.optim_cfg.name, device=trainer.device,
+                                    autocast=trainer.choice.autocast, micro_batch=n, grad_accum=1, n_devices=1,
+                                    sharding="none", tokens_per_sample=None)
+        if run.plan is None:
+            return None
+        totals.append(run.plan.memory_bytes["total"])
+    per_sample = totals[1] - totals[0]
+    if per_sample <= 0:
+        return global_batch
+    return int(max(1, min(global_batch, (free - (totals[0] - per_sample)) // per_sample)))
+
+
 # ------------------------------------------------------------------------ batch-size finder
 class ActivationBudget:
     """Raise ``torch.OutOfMemoryError`` when the tensors autograd saves for backward exceed
@@ -546,9 +608,10 @@ def tune(trainer, step: Callable[[], None]) -> TuneResult:
     if in_memory and trainer.plan.num_workers != rules.num_workers:
         trainer.apply(trainer.plan.replace(num_workers=rules.num_workers, why={"num_workers": rules.reason}))
     micro_limit = None
-    if caps.kind == "cuda":               # the finder bounds the micro-batch by real memory
-        micro_limit = find_batch_size(lambda n: trial_forward_backward(trainer, n),
-                                      start=1, limit=global_batch)
+    if caps.kind == "cuda":               # the finder bounds the micro-batch by real memory,
+        start = (predicted_micro_limit(trainer, global_batch) if cfg.train.predict else None) or 1
+        micro_limit = find_batch_size(lambda n: trial_forward_backward(trainer, n),   # from the plan's guess
+                                      start=start, limit=global_batch)
     candidates = enumerate_candidates(
         caps, global_batch=global_batch, requested_precision=cfg.engine.precision,
         activation_checkpointing=True if cfg.engine.activation_checkpointing else None,
@@ -566,7 +629,9 @@ def tune(trainer, step: Callable[[], None]) -> TuneResult:
                             "machine (--no-engine.tune_cache to try again)", [], [], rules, 0.0, 0.0,
                             cached=True, cache_file=str(cache_path(key)))
     else:
-        predictor = plan_predictor(trainer.spec.plan_model(wl.meta), caps, global_batch=global_batch)
+        # the traced plan of this very model (any model); the formula planner where tracing is off
+        predictor = traced_predictor(trainer) if cfg.train.predict else \
+            plan_predictor(trainer.spec.plan_model(wl.meta), caps, global_batch=global_batch)
         tuner = Tuner(trainer, step, budget_s=cfg.engine.tune_budget or None, predictor=predictor,
                       compile_requested=cfg.engine.compile, remaining_steps=cfg.train.steps - trainer.step)
         result = tuner.run(candidates, rules)

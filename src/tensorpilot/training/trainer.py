@@ -42,7 +42,7 @@ from tensorpilot.observe.progress import TrainProgress
 from tensorpilot.parallel.mesh import DistributedError, is_comm_failure
 from tensorpilot.parallel.runtime import Parallel
 from tensorpilot.training import checkpoint as ckpt_io
-from tensorpilot.training import dcp, engine, fits, loader, optim, precision, rundir
+from tensorpilot.training import dcp, engine, fits, loader, optim, precision, predicted, rundir
 from tensorpilot.training.execplan import ExecutionPlan
 from tensorpilot.version import __version__
 from tensorpilot.workloads import specs
@@ -194,6 +194,7 @@ class Trainer:
         self.flops_per_step = train_step_flops(self.model, sample[0], sample[1], wl.loss) * cfg.engine.grad_accum
 
         self.frozen = optim.freeze(self.model, cfg.optim.freeze) if cfg.optim.freeze else []
+        self.prediction = self._predict(sample) if cfg.train.predict and self.par.is_main else None
         self.ac_blocks, self.step_model, self._compile_unproven = 0, self.model, False
         if self.par.active:
             if resume_from is not None:                 # saved optimizer index -> parameter name
@@ -551,6 +552,7 @@ class Trainer:
         cfg = self.cfg
         t_fit = time.perf_counter()
         first_step, timed_s, timed_steps = self.step, 0.0, 0
+        self._step_peak, self._step_ops = (None, None), []
         window: list[float] = []
         bad_streak, skipped = 0, 0
         last_loss = last_val = float("nan")
@@ -560,13 +562,16 @@ class Trainer:
         if cfg.engine.optimize == "auto" and self.step < cfg.train.steps:
             self._autotune()
             first_step = self.step                      # trials are steps; the loop's first is warm-up
+        # the second step is profiled for its memory peak and op times when enough steps remain
+        # to time others (the profiler slows it; it is not timed)
+        profiled = first_step + 1 if self.prediction is not None and cfg.train.steps - first_step >= 4 else None
         while self.step < cfg.train.steps:
             t0 = time.perf_counter()
-            loss, gnorm, applied = self.train_step()
+            loss, gnorm, applied = self._profiled_step() if self.step == profiled else self.train_step()
             dt = time.perf_counter() - t0
             self.step += 1
             self.samples_seen += self.plan.samples_per_step
-            if self.step > first_step + 1:              # the first step pays for warm-up/compile
+            if self.step > first_step + 1 and self.step - 1 != profiled:   # the first pays warm-up/compile
                 timed_s, timed_steps = timed_s + dt, timed_steps + 1
                 self._maybe_compile(dt)
             if not self._attention_reported and self.attention.mode != "sdpa":
@@ -833,8 +838,42 @@ class Trainer:
         out["parallel"] = {"layout": lay.name, "world_size": lay.world, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
                            "sharding": lay.sharding,
                            "step_s": 1.0 / steps_per_s if steps_per_s else None}
+        out["step_peak_memory_bytes"], out["step_peak_memory_method"] = self._step_peak
         out["predicted"] = self._prediction(1.0 / steps_per_s if steps_per_s else None) if self.par.is_main else None
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+    def _predict(self, sample) -> predicted.RunPrediction:
+        """The traced plan of this run's step, made before anything is wrapped (see predicted.py)."""
+        lay = self.plan.layout
+        if lay.tp > 1 or lay.pp > 1:
+            return predicted.RunPrediction(why_not="tensor and pipeline parallel steps are planned by the "
+                                                   "formula planner only (`tensorpilot plan --tp/--pp`)")
+        return predicted.predict_run(
+            self.model, sample, self.workload.loss, name=self.cfg.model.name, optimizer=self.optim_cfg.name,
+            device=self.device, autocast=self.choice.autocast, micro_batch=self.plan.micro_batch,
+            grad_accum=self.plan.grad_accum, n_devices=lay.dp, sharding=lay.sharding,
+            tokens_per_sample=self.workload.tokens_per_sample, clip_grad_norm=bool(self.cfg.optim.grad_clip))
+
+    def _profiled_step(self):
+        """One training step under the profiler: the allocator's peak (CPU: from its memory events;
+        CUDA: max_memory_allocated) and the op times that refit the planner's calibration."""
+        from tensorpilot.observe.memory import profiled_step, storage_bytes
+
+        result = {}
+
+        def step():
+            result["value"] = self.train_step()
+        state = [t for st in self.opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        live = storage_bytes(list(self.model.parameters()) + list(self.model.buffers()) + state)
+        known = set(self.prediction.known) if self.prediction is not None else set()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        peak, ops, how = profiled_step(step, live, known)
+        if self.device.type == "cuda":
+            peak, how = int(torch.cuda.max_memory_allocated(self.device)), "torch.cuda.max_memory_allocated"
+        self._step_peak = (peak, how)
+        self._step_ops = ops
+        return result["value"]
 
     def _planner_model(self, meta: dict) -> tuple[Any, int] | None:
         """(ModelSpec, tokens per sample) of this run's model for the planner, from its workload
@@ -843,24 +882,30 @@ class Trainer:
         return specs.get(kind).plan_model(meta)
 
     def _prediction(self, measured_step_s: float | None) -> dict[str, Any] | None:
-        """The planner's step time and memory for this run (same model, batch, precision and
-        layout) next to what was measured: plan and train are checked against each other."""
-        planned = self.spec.plan_model(self.workload.meta)
-        if planned is None:
+        """The traced plan of this run beside what was measured (step time, allocator peak); the
+        ratios refit this machine's planner calibration. A model its workload spec describes to
+        the formula planner (the built-in gpt) also gets that planner's figures under "formula"."""
+        if self.prediction is None:
             return None
-        from tensorpilot.plan.local import local_accelerator, local_plan
+        peak, how = self._step_peak
+        out = predicted.compare(self.prediction, measured_step_s=measured_step_s, measured_peak=peak,
+                                peak_method=how)
+        if self.device.type == "cpu" and measured_step_s and self._step_ops and not self.plan.compiled:
+            # CPU op times are the kernels' times; on a GPU the profiler's CPU times are launches
+            out["calibration_after"] = predicted.record(self.prediction, str(self.device), self.cfg.model.name,
+                                                        self._step_ops, measured_step_s)
+        planned = self.spec.plan_model(self.workload.meta)
+        if planned is not None:
+            from tensorpilot.plan.local import local_accelerator, local_plan
 
-        try:
-            p = local_plan(*planned, local_accelerator(self.caps), layout=self.plan.layout,
-                           global_batch=self.plan.samples_per_step, precision=self.plan.precision)
-        except TensorpilotError as exc:
-            return {"error": str(exc)}
-        return {"hardware": p.hardware, "layout": p.layout, "step_time_s": p.step_time_s,
-                "measured_step_time_s": measured_step_s,
-                "measured_over_predicted": measured_step_s / p.step_time_s if measured_step_s else None,
-                "memory_bytes": p.memory_bytes["total"], "fits": p.fits,
-                "note": "planner on this device's measured ceilings; it models eager-kernel efficiency, "
-                        "not torch.compile fusion"}
+            try:
+                p = local_plan(*planned, local_accelerator(self.caps), layout=self.plan.layout,
+                               global_batch=self.plan.samples_per_step, precision=self.plan.precision)
+                out["formula"] = {"step_time_s": p.step_time_s, "memory_bytes": p.memory_bytes["total"],
+                                  "hardware": p.hardware, "layout": p.layout}
+            except TensorpilotError as exc:
+                out["formula"] = {"error": str(exc)}
+        return out
 
     def _write_summary(self, summary: dict[str, Any]) -> None:
         if not self.par.is_main:
@@ -891,10 +936,18 @@ class Trainer:
         t.add_row("loss (train / val)", f"{fmt(s['final_train_loss'], '.3f')} / {val}")
         pred = s.get("predicted") or {}
         if pred.get("step_time_s") and pred.get("measured_step_time_s"):
-            t.add_row("step time", escape(f"{pred['measured_step_time_s'] * 1e3:,.0f} ms measured, "
-                                          f"{pred['step_time_s'] * 1e3:,.0f} ms predicted by the planner "
-                                          f"({pred['layout']} on {pred['hardware']}; measured / predicted "
+            t.add_row("step time", escape(f"{pred['measured_step_time_s'] * 1e3:,.1f} ms measured, "
+                                          f"{pred['step_time_s'] * 1e3:,.1f} ms predicted (traced plan on "
+                                          f"{pred['hardware']}; measured / predicted "
                                           f"{pred['measured_over_predicted']:.2f})"))
+        if pred.get("memory_bytes"):
+            measured = pred.get("measured_memory_bytes")
+            t.add_row("step memory", escape(
+                (f"{measured / 2**20:,.1f} MiB measured ({pred['measured_memory_method']}), " if measured else "")
+                + f"{pred['memory_bytes'] / 2**20:,.1f} MiB predicted"
+                + (f" (measured / predicted {pred['memory_measured_over_predicted']:.2f})" if measured else "")))
+        elif pred.get("error"):
+            t.add_row("prediction", escape(pred["error"]))
         t.add_row("time", f"{s['wall_s']:.1f} s wall ({s['setup_s']:.1f} s setup)")
         t.add_row("run directory", f"{s['run_dir']} (summary.json, metrics.jsonl, tensorboard/, checkpoints/)")
         self.console.print(t)

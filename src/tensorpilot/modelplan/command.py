@@ -1,0 +1,172 @@
+"""``tensorpilot plan`` for any model: the planner's parser (plan/command.py) plus the options of
+a traced model, and ``tensorpilot plan calibration``. Presets and Hugging Face configs without
+``--batch-size`` still go to the formula planner (multi-node layouts, search, deadlines)."""
+
+from __future__ import annotations
+
+import argparse
+
+from tensorpilot import argtypes
+from tensorpilot.errors import UsageError
+
+BUILTIN = ("gpt", "mlp", "cnn")
+DEFAULT_BATCH = 8
+
+
+def register(sub) -> dict[str, argparse.ArgumentParser]:
+    from tensorpilot.plan import command as formula
+
+    parsers = formula.register(sub)
+    p = parsers["plan"]
+    a = p.add_argument_group(
+        "any model (traced)",
+        "--model gpt|mlp|cnn, --model PKG.MOD:FACTORY, --model timm:NAME or --hf-config FILE with "
+        "--batch-size: the model is built without weights, one training step (forward, loss, backward, "
+        "optimizer) runs on fake tensors, and each op is costed on the device (--gpu local: this "
+        "machine's measured costs; the default for traced models).")
+    a.add_argument("--batch-size", type=argtypes.integer(1, 2**20), default=None, metavar="N",
+                   help=f"Samples per device per step (default: {DEFAULT_BATCH}); also selects the traced planner "
+                        "for --hf-config.")
+    a.add_argument("--input-shape", metavar="D,D,...",
+                   help="One sample's input shape without the batch, e.g. 3,224,224 or 512 (default: the "
+                        "model's own: timm's input size, a config's context up to 512, a Workload's first sample).")
+    a.add_argument("--input-dtype", metavar="DTYPE",
+                   help="float32, bfloat16, int64 (token ids), ... (default: the model's own, else float32).")
+    a.add_argument("--loss", metavar="ce|mse|sum|PKG.MOD:FN",
+                   help="The step's loss: cross-entropy over the output's last dimension (default), mse, the "
+                        "output's sum, or your function(output, targets).")
+    a.add_argument("--optim", choices=["adamw", "sgd", "adafactor", "adamw8bit"], default=None,
+                   help="The optimizer, as train's --optim.name (default: adamw).")
+    a.add_argument("--top-k", type=argtypes.integer(1, 10_000), default=10, metavar="K",
+                   help="Modules and ops to list (default: 10).")
+    a.add_argument("--no-calibration", action="store_true",
+                   help="Plan from measured op costs only, without the factors refitted from this machine's runs.")
+    a.add_argument("--reset", action="store_true", help="With 'calibration': delete this machine's factors.")
+    a.add_argument("--device", default="cpu", metavar="DEV",
+                   help="With --gpu local: the local device to cost on, e.g. cpu, cuda:0 (default: cpu).")
+    for action in p._actions:                       # 'plan calibration' beside 'plan validate'
+        if action.dest == "action":
+            action.choices = ["validate", "calibration"]
+            action.help = "'validate FILE.csv': compare with published runs; 'calibration': show this machine's factors."
+    p.set_defaults(func=cmd_plan)
+    return parsers
+
+
+def traced(args: argparse.Namespace) -> bool:
+    name = args.model or ""
+    return name in BUILTIN or ":" in name or (args.hf_config is not None and args.batch_size is not None) \
+        or (args.gpu == "local")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tensorpilot.plan import command as formula
+
+    if args.action == "calibration":
+        return _cmd_calibration(args)
+    if args.action is None and not args.list_models and traced(args):
+        return _cmd_traced(args)
+    return formula.cmd_plan(args)
+
+
+def _cmd_calibration(args) -> int:
+    from tensorpilot.modelplan import calibration
+    from tensorpilot.plan.command import _json
+
+    if args.reset:
+        gone = calibration.reset(args.device)
+        print(f"calibration of {args.device} on this machine " + ("deleted." if gone else "was already empty."))
+        return 0
+    data = calibration.load(args.device)
+    if args.json:
+        print(_json({"path": str(calibration.path(args.device)), "bounds": calibration.BOUNDS, **data}))
+        return 0
+    print(f"planner calibration for {args.device} on this machine ({calibration.path(args.device)}):")
+    if not data["observations"]:
+        print("  no runs yet: every factor is 1 (a `tensorpilot train` run records one).")
+        return 0
+    for cls in calibration.CLASSES:
+        lo, hi = calibration.BOUNDS[cls]
+        print(f"  {cls:8s} factor {data['factors'].get(cls, 1.0):.3f} (bounds {lo:g}-{hi:g})")
+    print(f"  from {len(data['observations'])} run(s); latest:")
+    for o in data["observations"][-5:]:
+        ratios = ", ".join(f"{k} {v:.2f}" for k, v in o["ratios"].items())
+        print(f"    {o['at']}  {o['model']}: measured / predicted {ratios}")
+    print("  `tensorpilot plan ... --no-calibration` ignores them; `tensorpilot plan calibration --reset` deletes them.")
+    return 0
+
+
+def _cmd_traced(args) -> int:
+    from tensorpilot.hardware import catalog
+    from tensorpilot.modelplan import planner, sources
+    from tensorpilot.plan.command import _json
+
+    if args.search or args.deadline or args.inference:
+        raise UsageError("--search, --deadline and --inference plan presets; a traced model is planned for one "
+                         "layout: pass --gpus N and --sharding.")
+    name = args.model if args.hf_config is None else "hf:" + args.hf_config
+    src = sources.load(name)
+    batch = args.batch_size or DEFAULT_BATCH
+    shape = sources.parse_shape(args.input_shape) if args.input_shape else None
+    dtype = sources.parse_dtype(args.input_dtype) if args.input_dtype else None
+    loss = sources.Loss.parse(args.loss, src.loss_fn)
+    optimizer = args.optim or ("adamw" if args.optimizer == "adam" else args.optimizer)
+    precision = {"bf16-amp": "bf16", "fp16-amp": "fp16", "bf16-pure": "bf16"}.get(args.precision, args.precision)
+    if precision not in planner.PRECISIONS:
+        raise UsageError(f"--precision {args.precision} is not available for a traced model; use "
+                         f"{', '.join(planner.PRECISIONS)}.")
+    gpus = args.gpus or 1
+    trace = planner.trace_source(src, batch_size=batch, precision=precision, optimizer=optimizer, loss=loss,
+                                 input_shape=shape, input_dtype=dtype)
+    if args.gpu in (None, "local"):
+        plan = planner.plan_local(trace, src, batch_size=batch, precision=precision, optimizer=optimizer,
+                                  device=args.device, calibrate=not args.no_calibration, n_devices=gpus,
+                                  sharding=args.sharding, top=args.top_k)
+    else:
+        plan = planner.plan_catalog(trace, src, catalog.get(args.gpu), batch_size=batch, precision=precision,
+                                    optimizer=optimizer, n_devices=gpus, sharding=args.sharding, top=args.top_k)
+    if args.json:
+        print(_json(plan.to_dict()))
+    else:
+        _print(plan, args.top_k)
+    return 0
+
+
+def _print(plan, top: int) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = Console(highlight=False)
+    lay = f"{plan.n_devices} x " if plan.n_devices > 1 else ""
+    con.print(escape(f"{plan.model} ({plan.params / 1e6:,.2f}M params, {plan.trainable_params / 1e6:,.2f}M trained) on "
+                     f"{lay}{plan.hardware}, batch {plan.batch_size} per device, {plan.precision}, {plan.optimizer}"
+                     + (f", {plan.sharding}" if plan.n_devices > 1 else "")))
+    mt = Table(title="memory per device at the step's peak", show_header=False, title_justify="left")
+    for k, v in plan.memory_bytes.items():
+        if k != "total" and v:
+            mt.add_row(k, f"{v / 2**20:,.1f} MiB")
+    fit = "" if plan.fits is None else (" [green]fits[/]" if plan.fits else " [red]does NOT fit[/]") + (
+        f" (limit {plan.memory_limit_bytes / 2**30:,.1f} GiB)")
+    mt.add_row("[bold]total[/]", f"[bold]{plan.memory_bytes['total'] / 2**20:,.1f} MiB[/]{fit}")
+    con.print(mt)
+    con.print(f"  ({escape(plan.memory_method)})")
+    tt = Table(title="step", show_header=False, title_justify="left")
+    tt.add_row("step time", f"{plan.step_time_s * 1e3:,.2f} ms ({plan.samples_per_s:,.1f} samples/s"
+               + (f", {plan.tokens_per_s:,.0f} tokens/s" if plan.tokens_per_s else "") + ")")
+    for k, v in plan.time_breakdown_s.items():
+        if v:
+            tt.add_row(f"  {k}", f"{v * 1e3:,.2f} ms")
+    tt.add_row("model FLOPs", f"{plan.model_flops_per_step / 1e9:,.2f} GFLOP per step")
+    if plan.mfu is not None:
+        tt.add_row("MFU", escape(f"{plan.mfu:.1%} of {plan.peak_source}"))
+    cal = ", ".join(f"{k} x{v:.2f}" for k, v in plan.calibration.items() if abs(v - 1) > 1e-9)
+    tt.add_row("calibration", cal or "none (no runs on this machine yet, or --no-calibration)")
+    con.print(tt)
+    mod = Table("module", "type", "time ms", "GFLOP", "MiB moved", "activations MiB", title=f"top {top} modules by predicted time",
+                title_justify="left")
+    for r in plan.modules[:top]:
+        mod.add_row(escape(r["module"]), escape(r["type"]), f"{r['time_s'] * 1e3:,.2f}", f"{r['flops'] / 1e9:,.3f}",
+                    f"{r['bytes'] / 2**20:,.1f}", f"{r['activation_bytes'] / 2**20:,.1f}")
+    con.print(mod)
+    for n in plan.notes:
+        con.print(f"note: {escape(n)}")

@@ -1,0 +1,194 @@
+"""Plan any model: trace one training step symbolically, cost it on a device, calibrate.
+
+    source = sources.load("timm:resnet50")
+    trace = trace_source(source, batch_size=32, precision="bf16", optimizer="adamw")
+    plan = plan_local(trace, source, batch_size=32, precision="bf16", optimizer="adamw")
+
+``measure_step`` runs the same step for real (time and allocator peak), which is what the
+trainer's summary and the benchmark compare the plan with.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from tensorpilot.errors import ConfigError
+from tensorpilot.modelplan.sources import Loss, ModelSource, batch_maker
+from tensorpilot.observe.trace import StepTrace, TraceError, trace_step
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "adamw8bit")
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def optimizer_factory(name: str, device_kind: str = "cpu") -> Callable[[list[nn.Parameter]], torch.optim.Optimizer]:
+    """The optimizer ``tensorpilot train`` builds for ``--optim.name`` (training/optim.py: fused
+    AdamW where the device has the kernel), on the parameters it is given."""
+    if name in ("adamw", "adam"):
+        return lambda ps: torch.optim.AdamW(ps, fused=device_kind in ("cuda", "cpu"))
+    if name == "sgd":
+        return lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+    if name == "adafactor":
+        return lambda ps: torch.optim.Adafactor(ps, foreach=True)
+    if name == "adamw8bit":
+        def make(ps):
+            try:
+                from torchao.optim import AdamW8bit
+            except ImportError:
+                raise ConfigError("--optim adamw8bit needs torchao: pip install 'tensorpilot[lowbit]'.") from None
+            return AdamW8bit(ps)
+        return make
+    raise ConfigError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}.")
+
+
+def _inputs(source: ModelSource, input_shape: tuple[int, ...] | None, input_dtype: torch.dtype | None):
+    shape = input_shape or source.sample_shape
+    if shape is None:
+        raise ConfigError(f"{source.name} returned a bare nn.Module: describe one sample with --input-shape "
+                          "(e.g. --input-shape 3,224,224; --input-dtype int64 for token ids).")
+    return shape, input_dtype or source.sample_dtype
+
+
+def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32", optimizer: str = "adamw",
+                 loss: Loss | None = None, input_shape: tuple[int, ...] | None = None,
+                 input_dtype: torch.dtype | None = None, device: str = "cpu", clip_grad_norm: bool = True) -> StepTrace:
+    """One step of ``source``'s model traced symbolically, gradients clipped as ``tensorpilot
+    train`` clips them by default; one sentence when it cannot be."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}.")
+    shape, dtype = _inputs(source, input_shape, input_dtype)
+    loss = loss or Loss.parse(None, source.loss_fn)
+    make = batch_maker(shape, dtype, batch_size, source.int_high, device)
+    try:
+        trace = trace_step(source.model, make, loss, optimizer_factory(optimizer, device.split(":")[0]),
+                           device=device, autocast_dtype=AUTOCAST.get(precision), clip_grad_norm=clip_grad_norm)
+    except TraceError as exc:
+        root = type(source.model).__name__
+        where = f"module {exc.module!r} ({trace_types(source.model).get(exc.module, '?')})" if exc.module \
+            else f"the model's own forward ({root})"
+        cause = str(exc)
+        squeezed = cause.lower().replace("-", "").replace("_", "").replace(" ", "")
+        if "datadependent" in squeezed or "localscalardense" in squeezed or "dynamicoutputshape" in squeezed:
+            todo = ("it reads tensor values (.item(), int(tensor), boolean-mask indexing), which a trace without "
+                    "data cannot: make that code independent of values, or measure the model with a short "
+                    "`tensorpilot train` run instead")
+        else:
+            todo = "check that --input-shape and --input-dtype describe what its forward expects"
+        raise ConfigError(f"cannot trace {source.name} symbolically: {where} failed with {cause[:200]}; "
+                          f"{todo}.") from None
+    if source.built_on != "meta":
+        trace.notes.append(f"{source.name}'s constructor reads tensor values, so it was built once on the CPU "
+                           "(the trace itself ran without memory)")
+    return trace
+
+
+def trace_types(model: nn.Module) -> dict[str, str]:
+    """Module path -> class name (the trace names modules by path)."""
+    return {name: type(m).__name__ for name, m in model.named_modules()}
+
+
+def plan_local(trace: StepTrace, source: ModelSource | None, *, batch_size: int, precision: str, optimizer: str,
+               device: str = "cpu", calibrate: bool = True, n_devices: int = 1, sharding: str = "none",
+               budget_s: float | None = None, top: int = 10, grad_accum: int = 1, name: str | None = None,
+               tokens_per_sample: int | None = None, module_types: dict[str, str] | None = None):
+    """The plan on this machine's ``device``, from its measured costs (and calibration)."""
+    from tensorpilot.hardware.device import detect
+    from tensorpilot.hardware.peak import device_peak
+    from tensorpilot.modelplan import calibration, costs
+    from tensorpilot.modelplan.predict import predict_step
+    from tensorpilot.plan.local import local_accelerator
+    from tensorpilot.plan.predict import device_rates
+
+    caps = detect(device)
+    kw = {} if budget_s is None else {"budget_s": budget_s}
+    dc = costs.local_costs(caps, trace.ops, **kw)
+    factors = calibration.factors(device) if calibrate else {}
+    compute_key = "bf16" if precision == "bf16" else "fp16" if precision == "fp16" else "fp32"
+    peak = device_peak(device, compute_key)
+    basis, source_name = peak.mfu_basis
+    link = None
+    if n_devices > 1:
+        link = device_rates(local_accelerator(caps), "fp32").link_bytes_per_s
+    return predict_step(trace, dc, model=name or source.name, batch_size=batch_size, precision=precision,
+                        optimizer=optimizer, factors=factors, n_devices=n_devices, sharding=sharding,
+                        link_bytes_per_s=link, device_memory_bytes=caps.memory_bytes or None,
+                        peak_flops_per_s=basis, peak_source=source_name, grad_accum=grad_accum,
+                        cpu_buffers=caps.kind == "cpu",
+                        tokens_per_sample=tokens_per_sample or (source.tokens_per_sample if source else None), top=top,
+                        module_types=module_types or (trace_types(source.model) if source else None))
+
+
+def plan_catalog(trace: StepTrace, source: ModelSource, acc: Any, *, batch_size: int, precision: str,
+                 optimizer: str, n_devices: int = 1, sharding: str = "none", top: int = 10):
+    """The plan on a catalogued accelerator ``acc`` (hardware.catalog.Accelerator), from its
+    datasheet; the trace ran on fake CPU tensors, which have the same shapes, FLOPs and bytes."""
+    from tensorpilot.modelplan.costs import catalog_costs
+    from tensorpilot.modelplan.predict import predict_step
+    from tensorpilot.plan.predict import device_rates
+
+    key = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16"}[precision]
+    peak = acc.peak_flops_per_s(key)
+    if not peak:
+        raise ConfigError(f"{acc.key} has no published {key} peak; choose another --precision.")
+    rates = device_rates(acc, key)
+    dc = catalog_costs(acc)
+    if precision == "tf32":
+        dc.compute_flops_per_s["fp32"] = dc.compute_flops_per_s.get("tf32", dc.compute_flops_per_s.get("fp32", 0))
+    return predict_step(trace, dc, model=source.name, batch_size=batch_size, precision=precision,
+                        optimizer=optimizer, n_devices=n_devices, sharding=sharding,
+                        link_bytes_per_s=rates.link_bytes_per_s, alpha_s=5e-6,
+                        device_memory_bytes=(acc.mem_gb or 0) * 1e9 or None, peak_flops_per_s=peak,
+                        peak_source=f"{acc.key} datasheet {key} peak", tokens_per_sample=source.tokens_per_sample,
+                        top=top, module_types=trace_types(source.model))
+
+
+def measure_step(source: ModelSource, *, batch_size: int, precision: str = "fp32", optimizer: str = "adamw",
+                 loss: Loss | None = None, input_shape: tuple[int, ...] | None = None,
+                 input_dtype: torch.dtype | None = None, steps: int = 5, warmup: int = 2,
+                 model: nn.Module | None = None, known: set[str] | frozenset = frozenset(),
+                 clip_grad_norm: bool = True) -> dict[str, Any]:
+    """Run the step for real on the CPU: median step seconds over ``steps`` (after ``warmup``),
+    the allocator's peak over one more, profiled, step, and the profiled op self-times."""
+    from tensorpilot.observe.memory import profiled_step, storage_bytes
+
+    shape, dtype = _inputs(source, input_shape, input_dtype)
+    loss = loss or Loss.parse(None, source.loss_fn)
+    torch.manual_seed(0)
+    model = model if model is not None else source.real_model()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = optimizer_factory(optimizer, "cpu")(params)
+    x, _ = batch_maker(shape, dtype, batch_size, source.int_high)()
+    cast = AUTOCAST.get(precision)
+
+    def step():
+        if cast is not None:
+            with torch.autocast("cpu", dtype=cast):
+                out = model(x)
+                from tensorpilot.observe.trace import _first_tensor
+                value = loss(_first_tensor(out), None)
+        else:
+            from tensorpilot.observe.trace import _first_tensor
+            value = loss(_first_tensor(model(x)), None)
+        value.backward()
+        if clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    live = storage_bytes(list(model.parameters()) + list(model.buffers()) + state + [x])
+    peak, ops, how = profiled_step(step, live, known)
+    return {"step_time_s": statistics.median(times), "times_s": times, "peak_bytes": peak, "peak_method": how,
+            "op_self_s": ops}

@@ -1,0 +1,270 @@
+"""Where the planner's model comes from, and what one micro-batch and its loss look like.
+
+  gpt | mlp | cnn          the built-in workloads at their default sizes
+  PKG.MOD:FACTORY          a user's factory (no arguments) returning an nn.Module or a Workload
+  timm:NAME                timm.create_model(NAME, pretrained=False)
+  hf:config.json           transformers' class named by the config's ``architectures`` (else
+                           AutoModel), built from the config with no weights
+
+Models are built on the meta device when their constructor allows it (nothing allocated);
+a constructor that reads tensor values (``.tolist()`` of a linspace, as timm's stochastic depth
+does) is built for real on the CPU instead, and the trace uses a meta copy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from tensorpilot.errors import ConfigError, first_line
+
+LOSSES = ("ce", "mse", "sum")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "int64": torch.int64, "int32": torch.int32,
+          "long": torch.int64, "int": torch.int32}
+
+
+@dataclass
+class ModelSource:
+    name: str                                  # as the user wrote it
+    model: nn.Module                           # on the meta device, or real when meta failed
+    sample_shape: tuple[int, ...] | None       # one sample's input shape (no batch dimension)
+    sample_dtype: torch.dtype
+    int_high: int = 2                          # integer inputs are drawn from [0, int_high)
+    loss_fn: Callable | None = None            # a Workload's own loss
+    built_on: str = "meta"
+    tokens_per_sample: int | None = None
+    build: Callable[[], nn.Module] | None = None   # builds the model again, for real
+
+    def real_model(self) -> nn.Module:
+        """The model with real weights on the CPU (to measure it)."""
+        if self.built_on != "meta":
+            return self.model
+        return self.build()
+
+
+def _on_meta(build: Callable[[], nn.Module]) -> tuple[nn.Module, str]:
+    try:
+        with torch.device("meta"):
+            return build(), "meta"
+    except Exception:       # noqa: BLE001 - a constructor that reads tensor values: build it for real
+        return build(), "cpu"
+
+
+def load(name: str, *, hf_config: str | None = None) -> ModelSource:
+    """The model ``name`` names (or the Hugging Face ``hf_config``), one sentence if it cannot be built."""
+    if hf_config is not None or name.startswith("hf:"):
+        return _hf(hf_config or name[3:])
+    if name.startswith("timm:"):
+        return _timm(name[5:])
+    if name in ("gpt", "mlp", "cnn"):
+        return _builtin(name)
+    if ":" in name:
+        return _factory(name)
+    raise ConfigError(f"--model {name!r} is neither a built-in workload (gpt, mlp, cnn), timm:NAME, "
+                      "hf:config.json nor package.module:factory (presets such as llama3-8b are planned on a "
+                      "catalogued accelerator: --gpu h100-sxm).")
+
+
+def _builtin(name: str) -> ModelSource:
+    from tensorpilot.config import ModelConfig
+
+    if name == "gpt":
+        from tensorpilot.workloads.gpt import GPT
+        from tensorpilot.workloads.registry import gpt_config
+
+        cfg = gpt_config(ModelConfig())
+        model, on = _on_meta(lambda: GPT(cfg))
+        return ModelSource(name, model, (cfg.seq_len,), torch.int64, cfg.vocab_size, built_on=on,
+                           tokens_per_sample=cfg.seq_len, build=lambda: GPT(cfg))
+    from tensorpilot.workloads.vision import CNN, CNN_SIZES, MLP_SIZES, MLPNet
+
+    if name == "mlp":
+        build = lambda: MLPNet(256, MLP_SIZES["tiny"], 10)          # noqa: E731
+        model, on = _on_meta(build)
+        return ModelSource(name, model, (256,), torch.float32, built_on=on, build=build)
+    build = lambda: CNN(3, CNN_SIZES["tiny"], 10)                    # noqa: E731
+    model, on = _on_meta(build)
+    return ModelSource(name, model, (3, 32, 32), torch.float32, built_on=on, build=build)
+
+
+def _factory(name: str) -> ModelSource:
+    from tensorpilot.workloads.base import Workload
+    from tensorpilot.workloads.registry import call_factory
+
+    try:
+        with torch.device("meta"):
+            made, on = call_factory(name), "meta"
+    except ConfigError:
+        made, on = call_factory(name), "cpu"      # raises the user's error in one sentence
+    if isinstance(made, Workload):
+        sample = _first_sample(made.train_data)
+        x = sample[0] if isinstance(sample, (tuple, list)) else sample
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else None
+        dtype = x.dtype if isinstance(x, torch.Tensor) else torch.float32
+        high = int(made.meta.get("gpt", {}).get("vocab_size", 2)) if isinstance(made.meta, dict) else 2
+        if isinstance(x, torch.Tensor) and not x.is_floating_point() and x.device.type != "meta":
+            high = max(high, int(x.max()) + 1)
+        return ModelSource(name, made.model, shape, dtype, high, made.loss_fn, on, made.tokens_per_sample,
+                           build=lambda: _module_of(call_factory(name)))
+    if isinstance(made, nn.Module):
+        return ModelSource(name, made, None, torch.float32, built_on=on, build=lambda: call_factory(name))
+    raise ConfigError(f"{name} must return an nn.Module or a tensorpilot.Workload, got {type(made).__name__}.")
+
+
+def _module_of(made: Any) -> nn.Module:
+    return made if isinstance(made, nn.Module) else made.model
+
+
+def _first_sample(data: Any) -> Any:
+    try:
+        if isinstance(data, torch.utils.data.DataLoader):
+            batch = next(iter(data))
+            return _map(batch, lambda t: t[0] if isinstance(t, torch.Tensor) else t)
+        return data[0]
+    except Exception as exc:                  # noqa: BLE001 - the user's dataset
+        raise ConfigError(f"reading the first sample of the workload's training data raised "
+                          f"{type(exc).__name__}: {first_line(exc)}; pass --input-shape instead.") from None
+
+
+def _map(obj: Any, fn: Callable) -> Any:
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_map(o, fn) for o in obj)
+    return fn(obj)
+
+
+def _timm(arch: str) -> ModelSource:
+    try:
+        import timm
+    except Exception as exc:              # noqa: BLE001 - absent, or a broken torchvision under it
+        raise ConfigError(f"--model timm:{arch} needs timm, which cannot be imported here "
+                          f"({type(exc).__name__}: {first_line(exc)}); pip install timm.") from None
+    if arch not in timm.list_models():
+        raise ConfigError(f"timm has no model {arch!r}; `python -c \"import timm; print(timm.list_models('*{arch[:4]}*'))\"` "
+                          "lists the names.")
+    build = lambda: timm.create_model(arch, pretrained=False)     # noqa: E731
+    model, on = _on_meta(build)
+    size = tuple(getattr(model, "pretrained_cfg", {}).get("input_size") or (3, 224, 224))
+    classes = getattr(model, "num_classes", 1000)
+    return ModelSource(f"timm:{arch}", model, size, torch.float32, int(classes), built_on=on, build=build)
+
+
+def _hf(path: str) -> ModelSource:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the Hugging Face config {path!r}: {exc.strerror or exc}.") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path!r} is not JSON ({exc.msg} at line {exc.lineno}).") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise ConfigError(f"{path!r} is not a Hugging Face config.json (it has no model_type).")
+    try:
+        import transformers
+    except Exception as exc:              # noqa: BLE001
+        raise ConfigError(f"building {path!r} needs transformers, which cannot be imported here "
+                          f"({type(exc).__name__}: {first_line(exc)}); pip install transformers.") from None
+    try:
+        config = transformers.AutoConfig.for_model(**raw)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"transformers cannot read {path!r}: {first_line(exc)}.") from None
+    archs = raw.get("architectures") or []
+    try:
+        cls = getattr(transformers, archs[0], None) if archs else None
+    except Exception as exc:              # noqa: BLE001 - a lazy import failing under transformers
+        raise ConfigError(f"transformers cannot import {archs[0]} here ({type(exc).__name__}: {first_line(exc)}); "
+                          "check its dependencies with `python -c \"import transformers; "
+                          f"transformers.{archs[0]}\"`.") from None
+    if cls is None:
+        cls = transformers.AutoModel
+    if hasattr(config, "_attn_implementation"):
+        config._attn_implementation = "sdpa"
+
+    def build():
+        return cls.from_config(config) if cls is transformers.AutoModel else cls(config)
+    try:
+        model, on = _on_meta(build)
+    except Exception as exc:              # noqa: BLE001 - the library's own error
+        raise ConfigError(f"transformers could not build {cls.__name__} from {path!r}: "
+                          f"{type(exc).__name__}: {first_line(exc)}.") from None
+    seq = min(int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 512)), 512)
+    vocab = int(getattr(config, "vocab_size", 2) or 2)
+    return ModelSource(f"{cls.__name__} ({Path(path).name})", model, (seq,), torch.int64, vocab, built_on=on,
+                       tokens_per_sample=seq, build=build)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise ConfigError(f"--input-shape {text!r} must be positive integers separated by commas, e.g. 3,224,224.")
+    return dims
+
+
+def parse_dtype(text: str) -> torch.dtype:
+    try:
+        return DTYPES[text.lower()]
+    except KeyError:
+        raise ConfigError(f"--input-dtype {text!r} is not one of {', '.join(sorted(DTYPES))}.") from None
+
+
+class Loss:
+    """The step's loss. ``ce``: cross-entropy over the output's last dimension against class
+    indices shaped like the output without it (a classifier, a language model); ``mse`` against
+    a target shaped like the output; ``sum`` of the output; or a user's ``PKG.MOD:FN(output,
+    targets)`` with cross-entropy-shaped targets. Targets are drawn here, from the output's shape,
+    when the batch has none."""
+
+    def __init__(self, kind: str = "ce", fn: Callable | None = None):
+        self.kind, self.fn = kind, fn
+
+    @classmethod
+    def parse(cls, text: str | None, workload_loss: Callable | None = None) -> Loss:
+        if text is None:
+            return cls("workload", workload_loss) if workload_loss is not None else cls("ce")
+        if text in LOSSES:
+            return cls(text)
+        if ":" in text:
+            from tensorpilot.workloads.registry import load_factory
+
+            fn = load_factory(text)
+            if not callable(fn):
+                raise ConfigError(f"--loss {text!r} names a {type(fn).__name__}, not a function.")
+            return cls("custom", fn)
+        raise ConfigError(f"--loss {text!r} must be one of {', '.join(LOSSES)} or package.module:function.")
+
+    def targets(self, out: torch.Tensor) -> torch.Tensor | None:
+        if self.kind == "sum":
+            return None
+        if self.kind == "mse":
+            return torch.zeros(out.shape, dtype=out.dtype, device=out.device)
+        return torch.zeros(out.shape[:-1], dtype=torch.int64, device=out.device)
+
+    def __call__(self, out: torch.Tensor, y: Any) -> torch.Tensor:
+        if y is None:
+            y = self.targets(out)
+        if self.kind == "sum":
+            return out.float().sum()
+        if self.kind == "mse":
+            return nn.functional.mse_loss(out.float(), y.float())
+        if self.fn is not None:
+            return self.fn(out, y)
+        from tensorpilot.workloads.base import cross_entropy
+
+        return cross_entropy(out, y)
+
+
+def batch_maker(shape: tuple[int, ...], dtype: torch.dtype, batch: int, int_high: int, device: str = "cpu"):
+    """A function returning (inputs, None) for one micro-batch: random floats, or integers in
+    [0, int_high); called inside the tracer's fake mode, or for real to measure."""
+    def make():
+        if dtype.is_floating_point:
+            return torch.randn((batch, *shape), dtype=dtype, device=device), None
+        return torch.randint(0, max(int_high, 1), (batch, *shape), dtype=dtype, device=device), None
+    return make

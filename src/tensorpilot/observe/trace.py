@@ -1,0 +1,384 @@
+"""One training step of any ``nn.Module``, run symbolically under ``FakeTensorMode``: no weights,
+no memory, no compute. Every aten op is recorded with its FLOPs (``torch.utils.flop_counter``'s
+registry), the bytes it reads and writes (from tensor sizes), its module and its phase, and the
+memory timeline comes from ``torch.distributed._tools.mem_tracker.MemTracker``.
+
+Why MemTracker for memory: it follows every allocation and free of the step (parameters,
+gradients, optimizer state, activations, temporaries such as the optimizer's foreach buffers
+and a backward's transient gradients), so its peak is the allocator's peak. Our own accounting
+(``accounting``: states from the optimizer table plus every tensor autograd saves) is kept beside
+it as a cross-check; it misses temporaries, so it is used only when MemTracker cannot run.
+
+A step is traced twice: the first creates the optimizer's state (AdamW allocates it lazily on
+its first step), the second is the steady state whose ops and peak are reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+# op classes: how an op's time is modelled (compute-bound ones against a matmul rate)
+MATMUL, CONV, ATTENTION, MEMORY, VIEW = "matmul", "conv", "attention", "memory", "view"
+COMPUTE_CLASSES = (MATMUL, CONV, ATTENTION)
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(slots=True)
+class OpRecord:
+    op: str                    # aten overload packet, e.g. "aten.addmm"
+    module: str                # innermost module, e.g. "layer1.0.conv1" ("" for the model itself)
+    phase: str                 # forward | backward | optimizer
+    op_class: str
+    flops: int
+    bytes_read: int
+    bytes_written: int
+    dtype: str                 # of the first floating-point input ("" if none)
+    signature: str             # op + input shapes/strides/dtypes: ops with one signature run alike
+    replay: Any = None         # (func, args, kwargs) as tensor specs, to measure the op on a device
+
+
+@dataclass
+class StepTrace:
+    ops: list[OpRecord]
+    memory: dict[str, float]          # MemTracker at the peak: parameters, gradients, optimizer, ...
+    memory_method: str
+    accounting: dict[str, float]      # our own: states + saved activations + inputs
+    params: int
+    trainable_params: int
+    output_shape: tuple[int, ...] | None = None
+    notes: list[str] = field(default_factory=list)
+    # the peak with the CPU convolutions' transient buffers (see _onednn_conv_buffers); what a
+    # CPU run allocates, while a GPU's cuDNN uses workspaces of its own choosing
+    cpu_peak: float = 0.0
+
+    @property
+    def flops(self) -> int:
+        return sum(o.flops for o in self.ops)
+
+    def by_module(self, depth: int | None = None) -> dict[str, dict[str, float]]:
+        """FLOPs, bytes and op count per module (``depth``: module path cut to that many parts)."""
+        out: dict[str, dict[str, float]] = defaultdict(lambda: {"flops": 0, "bytes": 0, "ops": 0})
+        for o in self.ops:
+            name = o.module if depth is None else ".".join(o.module.split(".")[:depth])
+            row = out[name or "(model)"]
+            row["flops"] += o.flops
+            row["bytes"] += o.bytes_read + o.bytes_written
+            row["ops"] += 1
+        return dict(out)
+
+
+class TraceError(RuntimeError):
+    """The model could not be run symbolically; ``module`` is where it stopped."""
+
+    def __init__(self, message: str, module: str):
+        super().__init__(message)
+        self.module = module
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    n = t.numel() * t.element_size()
+    try:                        # an expanded tensor (stride 0) reads its storage, not numel
+        return min(n, t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):
+        return n
+
+
+def _is_view(func) -> bool:
+    rets = func._schema.returns
+    return bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+
+
+ONEDNN_CHANNEL_BLOCK = 16
+
+
+def _onednn_conv_buffers(name: str, args: tuple, out: Any) -> int:
+    """Bytes a CPU convolution holds at its peak beyond the memory live after it: oneDNN computes in a
+    blocked layout (channels padded to a multiple of 16) and reorders its plain NCHW activation
+    operands into it (forward: the input; backward: the output gradient and the input) and the
+    result back out of it (the padding of the output). Read off torch.profiler's memory events
+    of mkldnn_convolution and its backward on torch 2.x CPU builds."""
+    def padded(t) -> int:
+        if not isinstance(t, torch.Tensor) or t.dim() < 4:
+            return 0
+        c = t.shape[1]
+        return t.numel() // max(c, 1) * (-(-c // ONEDNN_CHANNEL_BLOCK) * ONEDNN_CHANNEL_BLOCK) * t.element_size()
+    outs = [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+    forward = name.endswith(".convolution")
+    # forward: blocked input and blocked output live together before the plain output exists;
+    # backward: blocked output gradient and blocked input before the gradients exist. The
+    # caller's live bytes already hold the op's plain outputs, which did not exist yet.
+    held = sum(padded(t) for t in (args[:1] if forward else args[:2])) + (padded(outs[0]) if forward and outs else 0)
+    return max(held - sum(t.numel() * t.element_size() for t in outs), 0)
+
+
+def _mutated_bytes(func, args, kwargs) -> int:
+    """Bytes an in-place op writes into its arguments (``add_``, ``_fused_adamw_``), which its
+    (empty or aliasing) return value does not show."""
+    total = 0
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(a.name)
+        total += sum(_nbytes(t) for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
+    return total
+
+
+def _spec(x: Any) -> Any:
+    """A tensor as (shape, stride, dtype, requires_grad): enough to rebuild it for a replay."""
+    if isinstance(x, torch.Tensor):
+        return TensorSpec(tuple(x.shape), tuple(x.stride()), x.dtype, x.storage_offset())
+    return x
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    offset: int = 0
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every aten op; sits above FakeTensorMode, so it sees the ops the model runs."""
+
+    def __init__(self, modules, flop_registry, live_bytes: Callable[[], float] | None = None):
+        super().__init__()
+        self.modules = modules
+        self.registry = flop_registry
+        self.live_bytes = live_bytes
+        self.phase = "forward"
+        self.on = False
+        self.ops: list[OpRecord] = []
+        self.transient_peak = 0.0
+
+    def _module(self) -> str:
+        if self.phase == "optimizer":
+            return "(optimizer)"
+        parents = [p for p in self.modules.parents if p != "Global"]
+        if not parents:
+            return ""
+        deepest = max(parents, key=lambda p: (p.count("."), len(p)))
+        # ModuleTracker names start with the root's class name: "GPT.blocks.0.attn" -> "blocks.0.attn"
+        return deepest.partition(".")[2] if "." in deepest else ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self.on or func.namespace != "aten":      # prim.device, profiler markers: no work
+            return out
+        packet = func.overloadpacket
+        flops = 0
+        if packet in self.registry:
+            flops = int(self.registry[packet](*args, **kwargs, out_val=out))
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        view = _is_view(func)
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        name = str(packet)
+        if view:
+            cls = VIEW
+        elif "convolution" in name:
+            cls = CONV
+        elif "attention" in name:
+            cls = ATTENTION
+        elif flops:
+            cls = MATMUL
+        else:
+            cls = MEMORY
+        read = 0 if view else sum(_nbytes(t) for t in ins)
+        written = 0 if view else sum(t.numel() * t.element_size() for t in outs) + _mutated_bytes(func, args, kwargs)
+        floats = [t for t in ins if t.is_floating_point()]
+        dtype = str(floats[0].dtype).replace("torch.", "") if floats else ""
+        sig = name + str([(tuple(t.shape), tuple(t.stride()), str(t.dtype)) for t in ins]) + str(
+            [a for a in tree_flatten((args, kwargs))[0] if not isinstance(a, torch.Tensor)])
+        replay = (func, tree_map(_spec, args), tree_map(_spec, kwargs)) if cls != VIEW else None
+        self.ops.append(OpRecord(name, self._module(), self.phase, cls, flops, read, written, dtype, sig, replay))
+        if cls == CONV and self.live_bytes is not None:
+            self.transient_peak = max(self.transient_peak, self.live_bytes() + _onednn_conv_buffers(name, args, out))
+        return out
+
+
+def flop_formulas() -> dict:
+    """torch.utils.flop_counter's registry, plus the CPU's fused attention kernels it lacks
+    (same FLOPs as the CUDA flash kernels: two (L x E) @ (E x S) matmuls per head forward,
+    five backward -- the registry's sdpa formulas, which count the full L x S, causal or not)."""
+    from torch.utils import flop_counter as fc
+
+    table = dict(fc.flop_registry)
+    aten = torch.ops.aten
+
+    def forward(query, key, value, *args, out_val=None, **kwargs):
+        return fc.sdpa_flop_count(query.shape, key.shape, value.shape)
+
+    def backward(grad_out, query, key, value, *args, out_val=None, **kwargs):
+        return fc.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+    cpu = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if cpu is not None:
+        table.setdefault(cpu, forward)
+        table.setdefault(aten._scaled_dot_product_flash_attention_for_cpu_backward, backward)
+    return table
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata             # one per allocation, also for fake tensors
+
+
+class _SavedTensors:
+    """Bytes of the distinct storages autograd saves for backward, parameters excluded."""
+
+    def __init__(self, exclude: set[int]):
+        self.exclude, self.seen, self.bytes, self.batch_bytes = exclude, set(), 0, 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = _storage(t)
+        if key not in self.exclude and key not in self.seen:
+            self.seen.add(key)
+            self.bytes += t.untyped_storage().nbytes()
+        return t
+
+
+def _first_tensor(out: Any) -> torch.Tensor | None:
+    """The tensor a loss reads from a model's output: the output itself, a Hugging Face output's
+    ``logits`` (else its first tensor), or the first tensor of a tuple/list/dict."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    leaves = [t for t in tree_flatten(dict(out) if hasattr(out, "keys") else out)[0] if isinstance(t, torch.Tensor)]
+    return leaves[0] if leaves else None
+
+
+def trace_step(model: nn.Module, make_batch: Callable[[], tuple[Any, Any]],
+               loss_fn: Callable[[torch.Tensor, Any], torch.Tensor],
+               make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer], *,
+               device: str = "cpu", autocast_dtype: torch.dtype | None = None,
+               clip_grad_norm: bool = False) -> StepTrace:
+    """Run forward, ``loss_fn``, backward and the optimizer step of ``model`` symbolically.
+
+    ``model``: built on the meta device or for real; a meta copy is traced, the model is not
+    touched. ``make_batch()`` returns (inputs, targets) and is called inside the fake mode:
+    what it creates are fake tensors (inputs: one tensor, or a tuple passed positionally, or a
+    dict passed as keywords). ``autocast_dtype``: run forward and loss under torch.autocast.
+    Raises TraceError naming the module where an op could not run symbolically."""
+    from tensorpilot.observe.flops import meta_copy
+
+    shadow = meta_copy(model)          # the fake parameters replace the copy's, never the caller's
+    with _quiet_fake_tensor_log():
+        return _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, clip_grad_norm)
+
+
+def _to_fake(model: nn.Module, device: str) -> None:
+    """Replace the meta parameters and buffers by empty (here: fake) ones on ``device``, one new
+    tensor per old one: tied weights stay tied (``Module.to_empty`` makes one per use)."""
+    new: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for slots, param in ((mod._parameters, True), (mod._buffers, False)):
+            for name, t in list(slots.items()):
+                if t is None:
+                    continue
+                if id(t) not in new:
+                    empty = torch.empty_like(t, device=device)
+                    new[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if param else empty
+                slots[name] = new[id(t)]
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log():
+    """FakeTensorMode logs the traceback of an op it cannot run before raising; the caller
+    turns the exception into one sentence, so the log is silenced meanwhile."""
+    import logging
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    old = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(old)
+
+
+def _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, clip_grad_norm) -> StepTrace:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.module_tracker import ModuleTracker
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    modules = ModuleTracker()
+    out_shape = None
+    with mode:
+        _to_fake(shadow, device)
+        shadow.train()
+        params = [p for p in shadow.parameters() if p.requires_grad]
+        opt = make_optimizer(params)
+        tracker = MemTracker()
+        tracker.track_external(shadow, opt)
+
+        def live() -> float:
+            snap = tracker.get_tracker_snapshot("current")
+            return float(sum(v.get("Total", 0) for v in snap.values())) if snap else 0.0
+        rec = _Recorder(modules, flop_formulas(), live)
+        saved = _SavedTensors({_storage(p) for p in shadow.parameters()} | {_storage(b) for b in shadow.buffers()})
+        with tracker, modules, rec:
+            for it in range(2):
+                rec.on = it == 1
+                if rec.on:                           # the accounting is of the second step
+                    saved.seen, saved.bytes = set(), 0
+                rec.phase = "forward"
+                try:
+                    x, y = make_batch()
+                    saved.batch_bytes = sum(_nbytes(t) for t in tree_flatten((x, y))[0] if isinstance(t, torch.Tensor))
+                    cast = torch.autocast(device.split(":")[0], dtype=autocast_dtype) \
+                        if autocast_dtype is not None else contextlib.nullcontext()
+                    with cast, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+                        out = shadow(**x) if isinstance(x, dict) else shadow(*x) if isinstance(x, (tuple, list)) \
+                            else shadow(x)
+                        logits = _first_tensor(out)
+                        if logits is None:
+                            raise TraceError("the model's output holds no tensor for a loss", "")
+                        out_shape = tuple(logits.shape)
+                        loss = loss_fn(logits, y)
+                    rec.phase = "backward"
+                    loss.backward()
+                except TraceError:
+                    raise
+                except Exception as exc:   # noqa: BLE001 - any op the fake tensors cannot run
+                    where = rec._module() if rec.phase != "optimizer" else "(optimizer)"
+                    raise TraceError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+                                     where) from exc
+                rec.phase = "optimizer"
+                if clip_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if it == 0:
+                    tracker.reset_mod_stats()
+                del out, logits, loss, x, y
+        snap = tracker.get_tracker_snapshot("peak")
+    per_device = next(iter(snap.values())) if snap else {}
+    names = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Activation": "activations",
+             "Temp": "temporaries", "Optstate": "optimizer", "Other": "other"}
+    memory = {names.get(getattr(k, "value", k), str(k).lower()): float(v) for k, v in per_device.items()}
+    memory["total"] = memory.pop("total", sum(memory.values()))
+    n = sum(p.numel() for p in shadow.parameters())
+    trainable = sum(p.numel() for p in params)
+    # our own accounting, beside MemTracker's timeline: model states plus every tensor autograd
+    # saved for backward plus the batch -- no temporaries, no transient gradients
+    state = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+                if isinstance(t, torch.Tensor))
+    weights = sum(p.numel() * p.element_size() for p in shadow.parameters())
+    grads = sum(p.numel() * p.element_size() for p in params)
+    accounting = {"parameters": float(weights), "gradients": float(grads), "optimizer": float(state),
+                  "saved_activations": float(saved.bytes), "batch": float(saved.batch_bytes)}
+    accounting["total"] = sum(accounting.values())
+    return StepTrace(rec.ops, memory, "torch.distributed._tools.mem_tracker.MemTracker (peak of the second step)",
+                     accounting, n, trainable, out_shape, cpu_peak=max(memory["total"], rec.transient_peak))
+
+

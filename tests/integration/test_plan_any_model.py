@@ -1,0 +1,164 @@
+"""`tensorpilot plan` for a model the project did not write: a user's factory through the real
+CLI, its bad inputs, the calibration loop with `train`, a catalogued GPU and a Hugging Face config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+FACTORY = """
+import torch
+from torch import nn
+
+def small():
+    return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 2))
+
+def broken():
+    raise ValueError("no weights here")
+
+class Picky(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(12, 2)
+
+    def forward(self, x):
+        keep = x[x[:, 0] > 0]            # how many rows survive depends on the values
+        return self.head(keep)
+
+def picky():
+    return Picky()
+"""
+
+
+@pytest.fixture()
+def models(tmp_path):
+    (tmp_path / "usermodels.py").write_text(FACTORY)
+    return tmp_path
+
+
+def _plan(cwd, *args, check=True):
+    return run_cli("plan", *args, cwd=cwd, check=check)
+
+
+def test_plan_a_user_factory_end_to_end(models):
+    proc = _plan(models, "--model", "usermodels:small", "--input-shape", "12", "--batch-size", "16",
+                 "--precision", "fp32", "--json", "--no-calibration")
+    d = json.loads(proc.stdout)
+    for key in ("memory_bytes", "fits", "step_time_s", "mfu", "model_flops_per_step", "modules", "time_breakdown_s"):
+        assert key in d, key
+    # forward 2 x 16 x (12 x 16 + 16 x 2); backward: both weight gradients, one input gradient
+    fwd = 2 * 16 * (12 * 16 + 16 * 2)
+    assert d["model_flops_per_step"] == fwd + 2 * 16 * 12 * 16 + 2 * (2 * 16 * 16 * 2)
+    n = 12 * 16 + 16 + 16 * 2 + 2
+    assert d["params"] == n and d["memory_bytes"]["parameters"] == 4 * n
+    assert d["memory_bytes"]["optimizer"] == 8 * n + 4 * 4          # AdamW m, v and a step per tensor
+    assert d["memory_bytes"]["total"] >= 16 * n and d["fits"] is True
+    assert d["step_time_s"] > 0 and d["calibration"] == {"compute": 1.0, "memory": 1.0, "host": 1.0}
+    rows = {r["module"]: r for r in d["modules"]}
+    assert rows["0"]["type"] == "Linear" and rows["0"]["flops"] == 2 * 16 * 12 * 16 * 2
+    text = _plan(models, "--model", "usermodels:small", "--input-shape", "12", "--batch-size", "16",
+                 "--top-k", "2").stdout
+    assert "top 2 modules" in text and "Linear" in text and "step time" in text
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--model", "usermodels:broken", "--input-shape", "12"], ["usermodels:broken", "ValueError", "no weights"]),
+    (["--model", "usermodels:small", "--input-shape", "3,8,8"], ["module '0' (Linear)", "--input-shape"]),
+    (["--model", "usermodels:picky", "--input-shape", "12"], ["usermodels:picky", "reads tensor values"]),
+    (["--model", "usermodels:small"], ["bare nn.Module", "--input-shape"]),
+    (["--model", "usermodels:small", "--input-shape", "0,3"], ["--input-shape", "positive integers"]),
+    (["--model", "usermodels:small", "--input-shape", "12", "--loss", "nothing"], ["--loss", "ce, mse, sum"]),
+])
+def test_bad_input_is_one_sentence(models, args, words):
+    proc = _plan(models, *args, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1, line
+    for w in words:
+        assert w in line, (w, line)
+
+
+def test_train_writes_predicted_vs_measured_and_refits_the_calibration(models):
+    import torch
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 12, generator=g)
+    torch.save({"inputs": x, "targets": (x[:, 0] > 0).long()}, models / "data.pt")
+    run = models / "run"
+    proc = run_cli("train", "--model", "usermodels:small", "--data", str(models / "data.pt"), "--steps", "12",
+                   "--batch-size", "32", "--compile", "off", "--precision", "fp32", "--run-dir", str(run),
+                   "--logging.progress", "off", "--train.eval_batches", "1", cwd=models, check=True)
+    s = json.loads((run / "summary.json").read_text())
+    p = s["predicted"]
+    assert p["step_time_s"] > 0 and p["measured_step_time_s"] > 0
+    assert p["measured_over_predicted"] == pytest.approx(p["measured_step_time_s"] / p["step_time_s"])
+    assert "allocator events" in p["measured_memory_method"]
+    # the traced peak against the allocator's: the same step, within a few small tensors
+    assert 0.8 < p["memory_measured_over_predicted"] < 1.25, p
+    assert "step memory" in proc.stdout and "predicted" in proc.stdout
+    # the run refitted this machine's calibration, which `plan calibration` shows and plans use
+    shown = json.loads(_plan(models, "calibration", "--json").stdout)
+    assert shown["observations"][-1]["model"] == "usermodels:small"
+    assert set(shown["factors"]) == {"compute", "memory", "host"}
+    calibrated = json.loads(_plan(models, "--model", "usermodels:small", "--input-shape", "12", "--batch-size", "32",
+                                  "--precision", "fp32", "--json").stdout)
+    assert calibrated["calibration"] == pytest.approx(shown["factors"])
+    raw = json.loads(_plan(models, "--model", "usermodels:small", "--input-shape", "12", "--batch-size", "32",
+                           "--precision", "fp32", "--json", "--no-calibration").stdout)
+    assert raw["calibration"] == {"compute": 1.0, "memory": 1.0, "host": 1.0}
+    assert "deleted" in _plan(models, "calibration", "--reset").stdout
+    assert "no runs yet" in _plan(models, "calibration").stdout
+
+
+def test_catalogued_gpu_with_fsdp_divides_model_states(models):
+    one = json.loads(_plan(models, "--model", "usermodels:small", "--input-shape", "12", "--gpu", "h100-sxm",
+                           "--precision", "bf16", "--json").stdout)
+    eight = json.loads(_plan(models, "--model", "usermodels:small", "--input-shape", "12", "--gpu", "h100-sxm",
+                             "--precision", "bf16", "--gpus", "8", "--sharding", "fsdp", "--json").stdout)
+    assert one["hardware"] == "h100-sxm" and eight["n_devices"] == 8
+    for k in ("parameters", "optimizer"):
+        assert eight["memory_bytes"][k] == pytest.approx(one["memory_bytes"][k] / 8)
+    assert eight["time_breakdown_s"]["communication"] > 0 == one["time_breakdown_s"]["communication"]
+
+
+def test_hugging_face_config_builds_the_real_class(tmp_path):
+    pytest.importorskip("transformers")
+    cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
+           "vocab_size": 500, "n_positions": 64}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    # the CLI in a process that first makes this machine's torchvision importable (a CUDA build
+    # beside a CPU torch; benchmarks/user_models.py), as transformers imports it
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys; from benchmarks.user_models import _torchvision_importable; _torchvision_importable(); "
+            "from tensorpilot.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "plan", "--hf-config", str(tmp_path / "config.json"),
+                           "--batch-size", "2", "--input-shape", "32", "--precision", "fp32", "--json"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and "cannot import" in proc.stderr:
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["model"].startswith("GPT2LMHeadModel")
+    # parameters: token and position embeddings, 2 blocks, final norm (the head is tied)
+    per_block = 2 * 64 + (64 * 192 + 192) + (64 * 64 + 64) + 2 * 64 + (64 * 256 + 256) + (256 * 64 + 64)
+    assert d["params"] == 500 * 64 + 64 * 64 + 2 * per_block + 2 * 64
+
+
+def test_optimize_auto_ranks_a_user_model_by_its_traced_plan(models):
+    import torch
+    x = torch.randn(256, 12, generator=torch.Generator().manual_seed(1))
+    torch.save({"inputs": x, "targets": (x[:, 0] > 0).long()}, models / "data.pt")
+    run = models / "run"
+    run_cli("train", "--model", "usermodels:small", "--data", str(models / "data.pt"), "--steps", "10",
+            "--batch-size", "32", "--optimize", "auto", "--run-dir", str(run), "--logging.progress", "off",
+            "--train.eval_batches", "1", "--no-engine.tune_cache", cwd=models, check=True)
+    tuned = json.loads((run / "summary.json").read_text())["autotune"]
+    assert tuned["trials"], tuned
+    for t in tuned["trials"]:
+        assert t["predicted_step_s"] > 0 and t["predicted_memory_bytes"] > 0, t
+        assert "traced" in t["note"], t

@@ -1,0 +1,218 @@
+"""The traced planner (observe/trace.py, modelplan/): FLOPs against hand counts, the traced
+memory against a hand computation and against a real measured step, op costs, calibration."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.nn import functional as F
+
+from tensorpilot.modelplan import calibration, planner, sources
+from tensorpilot.modelplan.costs import DeviceCosts, replay_time_s
+from tensorpilot.modelplan.predict import class_times, predict_step, sharded_memory
+from tensorpilot.observe.memory import profiled_step, storage_bytes
+from tensorpilot.observe.trace import trace_step
+
+IN, HID, OUT, B = 64, 128, 10, 32
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(IN, HID), nn.ReLU(), nn.Linear(HID, OUT))
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+
+def _trace(model_fn, x_shape, opt=lambda ps: torch.optim.AdamW(ps, fused=True)):
+    with torch.device("meta"):
+        model = model_fn()
+    return trace_step(model, lambda: (torch.randn(x_shape), torch.zeros(x_shape[0], dtype=torch.int64)),
+                      F.cross_entropy, opt)
+
+
+def test_mlp_flops_match_the_hand_count():
+    trace = _trace(mlp, (B, IN))
+    fwd = 2 * B * (IN * HID + HID * OUT)
+    # backward: both layers' weight gradients; the input gradient of the second layer only (the
+    # input of the first needs none)
+    bwd = 2 * B * IN * HID + 2 * (2 * B * HID * OUT)
+    assert trace.flops == fwd + bwd
+    by_phase = {p: sum(o.flops for o in trace.ops if o.phase == p) for p in ("forward", "backward", "optimizer")}
+    assert by_phase == {"forward": fwd, "backward": bwd, "optimizer": 0}
+    assert trace.by_module()["0"]["flops"] == 2 * B * IN * HID * 2          # forward + weight gradient
+
+
+def test_conv_flops_match_the_hand_count():
+    h = w = 16
+    trace = _trace(cnn, (4, 3, h, w))
+    conv1 = 2 * 4 * 8 * h * w * 3 * 9                 # 2 x batch x C_out x H x W x C_in x k x k
+    conv2 = 2 * 4 * 8 * h * w * 8 * 9
+    lin = 2 * 4 * 8 * 10
+    # conv1: forward + weight grad; conv2: forward + weight grad + input grad; linear likewise
+    assert trace.flops == 2 * conv1 + 3 * conv2 + 3 * lin
+
+
+def test_traced_memory_of_an_mlp_is_the_hand_computation():
+    trace = _trace(mlp, (B, IN))
+    n = IN * HID + HID + HID * OUT + OUT
+    assert trace.params == trace.trainable_params == n
+    assert trace.memory["parameters"] == 4 * n
+    # fused AdamW: exp_avg and exp_avg_sq (4 bytes each per parameter) and one fp32 step per tensor
+    assert trace.memory["optimizer"] == 8 * n + 4 * 4
+    # the steady-state peak is in the second step's backward, when the first layer's weight
+    # gradient is computed: weights and optimizer state, the batch (x: B x IN fp32, targets: B
+    # int64), the saved logits (B x OUT fp32) and the loss (8 B: fp32 value and its gradient),
+    # the second layer's finished gradients, the gradient flowing into the first layer (B x HID)
+    # and the first layer's new weight and bias gradients
+    hand = (4 * n + (8 * n + 16) + 4 * B * IN + 8 * B + (4 * B * OUT + 8) + 4 * (HID * OUT + OUT)
+            + 4 * B * HID + 4 * (HID * IN) + 4 * HID)
+    assert trace.memory["total"] == hand
+    assert trace.memory["gradients"] == 4 * (HID * OUT + OUT)
+
+
+@pytest.mark.parametrize("model_fn,shape", [(mlp, (B, IN)), (cnn, (16, 3, 32, 32))])
+def test_traced_memory_matches_a_real_measured_step(model_fn, shape):
+    trace = _trace(model_fn, shape)
+    torch.manual_seed(0)
+    model = model_fn()
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    x, y = torch.randn(shape), torch.zeros(shape[0], dtype=torch.int64)
+
+    def step():
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    step()                                           # creates the optimizer's state
+    state = [t for s in opt.state.values() for t in s.values()]
+    peak, _, method = profiled_step(step, storage_bytes(list(model.parameters()) + state + [x, y]))
+    assert "allocator events" in method
+    # CPU convolutions add oneDNN's blocked-layout buffers to MemTracker's peak (trace.cpu_peak)
+    assert trace.cpu_peak == pytest.approx(peak, rel=0.05)
+
+
+def test_cpu_flash_attention_has_flops():
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(32, 96)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 16, 3, 2, 16).permute(2, 0, 3, 1, 4)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 16, 32)
+    with torch.device("meta"):
+        model = Attn()
+    trace = trace_step(model, lambda: (torch.randn(2, 16, 32), None), lambda o, y: o.sum(),
+                       lambda ps: torch.optim.SGD(ps, lr=0.1))
+    attn = [o for o in trace.ops if o.op_class == "attention"]
+    assert attn, [o.op for o in trace.ops]
+    # forward: QK^T and AV, 2 x (B x H x L x S x E) multiply-adds each = 4 B H L S E FLOPs
+    fwd = [o for o in attn if o.phase == "forward"]
+    assert sum(o.flops for o in fwd) == 4 * 2 * 2 * 16 * 16 * 16
+
+
+def test_replayed_op_time_is_positive_and_cached_costs_interpolate():
+    trace = _trace(mlp, (B, IN))
+    mm = next(o for o in trace.ops if o.op_class == "matmul")
+    assert replay_time_s(mm.replay, "cpu") > 0
+    costs = DeviceCosts("x", True, {"fp32": 1e11}, [(1e3, 1e9), (1e6, 1e10)], 1e-6, 1e-7)
+    assert costs.bytes_per_s(1e3) == 1e9 and costs.bytes_per_s(1e9) == 1e10
+    assert 1e9 < costs.bytes_per_s(3e4) < 1e10
+
+
+def test_step_time_is_the_sum_of_op_costs_and_calibration_scales_classes():
+    trace = _trace(mlp, (B, IN))
+    costs = DeviceCosts("x", True, {"fp32": 1e10}, [(1.0, 1e9)], 2e-6, 1e-7, host_per_op_s=1e-6)
+    raw = class_times(trace, costs)
+    plan = predict_step(trace, costs, model="m", batch_size=B, precision="fp32", optimizer="adamw")
+    assert plan.step_time_s == pytest.approx(raw["compute"] + raw["memory"] + raw["host"])
+    scaled = predict_step(trace, costs, model="m", batch_size=B, precision="fp32", optimizer="adamw",
+                          factors={"compute": 2.0, "memory": 1.0, "host": 0.5})
+    assert scaled.step_time_s == pytest.approx(2 * raw["compute"] + raw["memory"] + 0.5 * raw["host"])
+    # two micro-batches: forward and backward twice, the optimizer once
+    twice = class_times(trace, costs, grad_accum=2)
+    opt_s = sum(costs.op_time_s(o) for o in trace.ops if o.phase == "optimizer")
+    assert twice["compute"] + twice["memory"] == pytest.approx(2 * (raw["compute"] + raw["memory"]) - opt_s)
+
+
+def test_sharding_divides_model_states_like_zero():
+    mem = {"parameters": 8.0, "gradients": 8.0, "optimizer": 16.0, "activations": 4.0, "total": 36.0}
+    assert sharded_memory(mem, 4, "zero1")["total"] == 8 + 8 + 4 + 4
+    assert sharded_memory(mem, 4, "zero2")["total"] == 8 + 2 + 4 + 4
+    assert sharded_memory(mem, 4, "fsdp")["total"] == 2 + 2 + 4 + 4
+    assert sharded_memory(mem, 4, "none") == mem
+
+
+@settings(max_examples=60, deadline=None)
+@given(old=st.floats(0.01, 100), ratio=st.floats(0.001, 1000), cls=st.sampled_from(calibration.CLASSES))
+def test_refit_moves_toward_the_measured_ratio_and_stays_in_bounds(old, ratio, cls):
+    lo, hi = calibration.BOUNDS[cls]
+    start = calibration.clamp(cls, old)
+    new = calibration.refit({cls: start}, {cls: ratio})[cls]
+    assert lo <= new <= hi
+    target = calibration.clamp(cls, ratio)
+    assert abs(math.log(new) - math.log(target)) <= abs(math.log(start) - math.log(target)) + 1e-12
+
+
+def test_a_deliberately_wrong_factor_converges_to_the_measured_ratio(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORPILOT_CACHE", str(tmp_path))
+    calibration.observe("cpu", "m", {"compute": 1.0, "memory": 1.0, "host": 1.0},
+                        {"compute": 10.0, "memory": 1.0, "host": 1.0})       # predicted 10x too slow
+    first = calibration.factors("cpu")["compute"]
+    assert first == calibration.BOUNDS["compute"][0] or first < 1.0
+    for _ in range(20):
+        calibration.observe("cpu", "m", {"compute": 1.5, "memory": 1.0, "host": 1.0},
+                            {"compute": 1.0, "memory": 1.0, "host": 1.0})
+    assert calibration.factors("cpu")["compute"] == pytest.approx(1.5, rel=1e-3)
+    assert calibration.reset("cpu") and calibration.factors("cpu") == {}
+
+
+def test_calibration_file_that_is_garbage_is_no_calibration(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORPILOT_CACHE", str(tmp_path))
+    calibration.path("cpu").parent.mkdir(parents=True, exist_ok=True)
+    calibration.path("cpu").write_text('{"factors": {"compute": -3, "memory": "x", "host": 1e9}}')
+    assert calibration.factors("cpu") == {"host": calibration.BOUNDS["host"][1]}
+    calibration.path("cpu").write_text("not json")
+    assert calibration.factors("cpu") == {}
+
+
+def test_builtin_sources_trace_and_bad_shapes_say_so():
+    src = sources.load("cnn")
+    trace = planner.trace_source(src, batch_size=2, precision="bf16")
+    assert trace.output_shape == (2, 10)
+    assert any(o.dtype == "bfloat16" for o in trace.ops if o.op_class == "conv")
+    with pytest.raises(Exception, match="check that --input-shape"):
+        planner.trace_source(src, batch_size=2, input_shape=(7,))
+
+
+def test_autotune_predicts_any_model_and_the_finder_starts_where_the_plan_says_it_fits(monkeypatch):
+    from types import SimpleNamespace
+
+    from tensorpilot.training import autotune, fits, predicted
+    from tensorpilot.workloads.base import cross_entropy
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, IN), torch.randint(0, OUT, (64,)))
+    trainer = SimpleNamespace(
+        model=mlp(), workload=SimpleNamespace(train_data=data, loss=cross_entropy),
+        cfg=SimpleNamespace(train=SimpleNamespace(seed=0), model=SimpleNamespace(name="mlp-test"),
+                            optim=SimpleNamespace(grad_clip=1.0)),
+        optim_cfg=SimpleNamespace(name="adamw"), device=torch.device("cpu"), choice=SimpleNamespace(autocast=None))
+
+    def memory_at(n):
+        batch = fits.meta_batch(data, n, 0)
+        return predicted.predict_run(trainer.model, batch, cross_entropy, name="m", optimizer="adamw",
+                                     device=trainer.device, autocast=None, micro_batch=n, grad_accum=1,
+                                     n_devices=1, sharding="none", tokens_per_sample=None).plan.memory_bytes["total"]
+    # memory is linear in the micro-batch: with exactly the memory of 8 samples free, 8 fit
+    monkeypatch.setattr(fits, "free_bytes", lambda device: (memory_at(8), "test"))
+    assert autotune.predicted_micro_limit(trainer, 64) == 8
+    predict = autotune.traced_predictor(trainer)
+    small, big = (predict(autotune.Candidate("fp32", m, 64 // m)) for m in (8, 16))
+    assert small.fits and not big.fits and small.step_s > 0
+    assert big.memory_bytes > small.memory_bytes
