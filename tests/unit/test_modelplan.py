@@ -46,7 +46,10 @@ def test_mlp_flops_match_the_hand_count():
     assert trace.flops == fwd + bwd
     by_phase = {p: sum(o.flops for o in trace.ops if o.phase == p) for p in ("forward", "backward", "optimizer")}
     assert by_phase == {"forward": fwd, "backward": bwd, "optimizer": 0}
+    # backward ops belong to the module whose forward made their autograd node
     assert trace.by_module()["0"]["flops"] == 2 * B * IN * HID * 2          # forward + weight gradient
+    assert trace.by_module()["2"]["flops"] == 2 * B * HID * OUT * 3         # + the input gradient
+    assert trace.by_module()["1"]["flops"] == 0                             # ReLU
 
 
 def test_conv_flops_match_the_hand_count():

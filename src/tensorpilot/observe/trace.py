@@ -158,16 +158,26 @@ class _Recorder(TorchDispatchMode):
         self.on = False
         self.ops: list[OpRecord] = []
         self.transient_peak = 0.0
+        self.node_module: dict[int, str] = {}
 
     def _module(self) -> str:
+        """The innermost module running this op. Forward: ModuleTracker's deepest parent, also
+        remembered for the autograd node the op creates (nodes are numbered before the op is
+        dispatched: ``_get_sequence_nr() - 1`` is its node). Backward: the module whose forward
+        created the node being run -- backward hooks alone misplace ops between modules."""
         if self.phase == "optimizer":
             return "(optimizer)"
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            if node is not None and node._sequence_nr() in self.node_module:
+                return self.node_module[node._sequence_nr()]
         parents = [p for p in self.modules.parents if p != "Global"]
-        if not parents:
-            return ""
-        deepest = max(parents, key=lambda p: (p.count("."), len(p)))
+        deepest = max(parents, key=lambda p: (p.count("."), len(p))) if parents else ""
         # ModuleTracker names start with the root's class name: "GPT.blocks.0.attn" -> "blocks.0.attn"
-        return deepest.partition(".")[2] if "." in deepest else ""
+        name = deepest.partition(".")[2] if "." in deepest else ""
+        if self.phase == "forward":
+            self.node_module.setdefault(torch._C._autograd._get_sequence_nr() - 1, name)
+        return name
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
