@@ -16,7 +16,7 @@ from tensorpilot.modelplan import calibration, planner, sources
 from tensorpilot.modelplan.costs import DeviceCosts, replay_time_s
 from tensorpilot.modelplan.predict import class_times, predict_step, sharded_memory
 from tensorpilot.observe.memory import profiled_step, storage_bytes
-from tensorpilot.observe.trace import trace_step
+from tensorpilot.observe.trace import OpRecord, trace_step
 
 IN, HID, OUT, B = 64, 128, 10, 32
 
@@ -62,6 +62,21 @@ def test_conv_flops_match_the_hand_count():
     assert trace.flops == 2 * conv1 + 3 * conv2 + 3 * lin
 
 
+def test_grouped_conv_flops_match_the_hand_count():
+    """A depthwise convolution's weight gradient costs what its forward does (each output channel
+    sees one input channel), not C_in times that (torch's registry before the groups correction)."""
+    h = w = 16
+
+    def dw():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, groups=8),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    trace = _trace(dw, (4, 3, h, w))
+    conv1 = 2 * 4 * 8 * h * w * 3 * 9
+    depthwise = 2 * 4 * 8 * h * w * 1 * 9            # one input channel per output channel
+    lin = 2 * 4 * 8 * 10
+    assert trace.flops == 2 * conv1 + 3 * depthwise + 3 * lin
+
+
 def test_traced_memory_of_an_mlp_is_the_hand_computation():
     trace = _trace(mlp, (B, IN))
     n = IN * HID + HID + HID * OUT + OUT
@@ -71,10 +86,11 @@ def test_traced_memory_of_an_mlp_is_the_hand_computation():
     assert trace.memory["optimizer"] == 8 * n + 4 * 4
     # the steady-state peak is in the second step's backward, when the first layer's weight
     # gradient is computed: weights and optimizer state, the batch (x: B x IN fp32, targets: B
-    # int64), the saved logits (B x OUT fp32) and the loss (8 B: fp32 value and its gradient),
-    # the second layer's finished gradients, the gradient flowing into the first layer (B x HID)
-    # and the first layer's new weight and bias gradients
-    hand = (4 * n + (8 * n + 16) + 4 * B * IN + 8 * B + (4 * B * OUT + 8) + 4 * (HID * OUT + OUT)
+    # int64), the loss (8 B: fp32 value and its gradient), the second layer's finished gradients,
+    # the gradient flowing into the first layer (B x HID) and the first layer's new weight and bias
+    # gradients. The logits are gone: the step does not hold the output, and the log-softmax
+    # cross-entropy saved was freed when its backward ran
+    hand = (4 * n + (8 * n + 16) + 4 * B * IN + 8 * B + 8 + 4 * (HID * OUT + OUT)
             + 4 * B * HID + 4 * (HID * IN) + 4 * HID)
     assert trace.memory["total"] == hand
     assert trace.memory["gradients"] == 4 * (HID * OUT + OUT)
@@ -127,6 +143,28 @@ def test_replayed_op_time_is_positive_and_cached_costs_interpolate():
     costs = DeviceCosts("x", True, {"fp32": 1e11}, [(1e3, 1e9), (1e6, 1e10)], 1e-6, 1e-7)
     assert costs.bytes_per_s(1e3) == 1e9 and costs.bytes_per_s(1e9) == 1e10
     assert 1e9 < costs.bytes_per_s(3e4) < 1e10
+
+
+def test_reuse_distance_is_the_traffic_since_the_last_touch():
+    """The first forward op reads the weights the previous step's optimizer updated; in between
+    only the new batch was written (x by randn, then the targets by zeros)."""
+    trace = _trace(mlp, (B, IN))
+    first = next(o for o in trace.ops if o.phase == "forward" and o.op != "aten.t")
+    assert first.op == "aten.addmm"                  # bias, x, W^T (a view of W's storage)
+    (bias_b, bias_d), (x_b, x_d), (w_b, w_d) = first.reads
+    assert (bias_b, x_b, w_b) == (4 * HID, 4 * B * IN, 4 * IN * HID)
+    assert bias_d == w_d == 4 * B * IN + 8 * B
+    assert x_d == 8 * B
+
+
+def test_an_op_costs_between_warm_and_cold_by_its_share_of_distant_bytes():
+    op = OpRecord("aten.mm", "", "forward", "matmul", 10, 200, 10, "float32", "sig", None,
+                  reads=((50, 10), (150, 1000)))
+    costs = DeviceCosts("x", True, {"fp32": 1e9}, [(1.0, 1e9)], 0.0, 0.0, measured_s={"sig": 1.0},
+                        measured_cold_s={"sig": 3.0}, cache_bytes=100)
+    assert costs.op_time_s(op) == pytest.approx(1.0 + 150 / 200 * (3.0 - 1.0))
+    costs.cache_bytes = 1e9                          # everything still cached: the warm timing
+    assert costs.op_time_s(op) == pytest.approx(1.0)
 
 
 def test_step_time_is_the_sum_of_op_costs_and_calibration_scales_classes():

@@ -10,6 +10,7 @@ trainer's summary and the benchmark compare the plan with.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Any, Callable
@@ -19,7 +20,7 @@ from torch import nn
 
 from tensorpilot.errors import ConfigError
 from tensorpilot.modelplan.sources import Loss, ModelSource, batch_maker
-from tensorpilot.observe.trace import StepTrace, TraceError, trace_step
+from tensorpilot.observe.trace import StepTrace, TraceError, forward_loss, trace_step
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "adamw8bit")
@@ -154,8 +155,10 @@ def measure_step(source: ModelSource, *, batch_size: int, precision: str = "fp32
                  clip_grad_norm: bool = True) -> dict[str, Any]:
     """Run the step for real on the CPU: median step seconds over ``steps`` (after ``warmup``),
     the allocator's peak over one more, profiled, step, and the profiled op self-times."""
+    from tensorpilot.hardware.hostmem import retain_freed_host_memory
     from tensorpilot.observe.memory import profiled_step, storage_bytes
 
+    retain_freed_host_memory()                 # as train runs a CPU step (engine.retain_host_memory)
     shape, dtype = _inputs(source, input_shape, input_dtype)
     loss = loss or Loss.parse(None, source.loss_fn)
     torch.manual_seed(0)
@@ -167,14 +170,8 @@ def measure_step(source: ModelSource, *, batch_size: int, precision: str = "fp32
     cast = AUTOCAST.get(precision)
 
     def step():
-        if cast is not None:
-            with torch.autocast("cpu", dtype=cast):
-                out = model(x)
-                from tensorpilot.observe.trace import _first_tensor
-                value = loss(_first_tensor(out), None)
-        else:
-            from tensorpilot.observe.trace import _first_tensor
-            value = loss(_first_tensor(model(x)), None)
+        with torch.autocast("cpu", dtype=cast) if cast is not None else contextlib.nullcontext():
+            value, _ = forward_loss(model, x, None, loss)
         value.backward()
         if clip_grad_norm:
             torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)

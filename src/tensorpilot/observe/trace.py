@@ -43,6 +43,9 @@ class OpRecord:
     dtype: str                 # of the first floating-point input ("" if none)
     signature: str             # op + input shapes/strides/dtypes: ops with one signature run alike
     replay: Any = None         # (func, args, kwargs) as tensor specs, to measure the op on a device
+    # per tensor operand read: (bytes, bytes the step touched since that storage was last
+    # touched) -- its reuse distance; an operand further back than the cache holds comes from memory
+    reads: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -159,6 +162,8 @@ class _Recorder(TorchDispatchMode):
         self.ops: list[OpRecord] = []
         self.transient_peak = 0.0
         self.node_module: dict[int, str] = {}
+        self.clock = 0                              # bytes read + written by the ops so far
+        self.touched: dict[int, int] = {}           # storage -> clock at its last read or write
 
     def _module(self) -> str:
         """The innermost module running this op. Forward: ModuleTracker's deepest parent, also
@@ -179,18 +184,38 @@ class _Recorder(TorchDispatchMode):
             self.node_module.setdefault(torch._C._autograd._get_sequence_nr() - 1, name)
         return name
 
+    def _touch(self, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> tuple[tuple[int, int], ...]:
+        """Each input's (bytes, reuse distance); then the op's inputs and outputs are the most
+        recently touched storages. A storage never touched before is infinitely far."""
+        def key(t):
+            try:
+                return _storage(t)
+            except (RuntimeError, NotImplementedError):      # no storage (sparse, nested): never cached
+                return None
+        keys_in = [key(t) for t in ins]
+        reads = tuple((_nbytes(t), self.clock - self.touched[k] if k in self.touched else 1 << 62)
+                      for t, k in zip(ins, keys_in))
+        self.clock += sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs)
+        for k in keys_in + [key(t) for t in outs]:
+            if k is not None:
+                self.touched[k] = self.clock
+        return reads
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not self.on or func.namespace != "aten":      # prim.device, profiler markers: no work
+        if func.namespace != "aten":                     # prim.device, profiler markers: no work
+            return out
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        view = _is_view(func)
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        reads = () if view else self._touch(ins, outs)  # also before the recorded step: distances span steps
+        if not self.on:
             return out
         packet = func.overloadpacket
         flops = 0
         if packet in self.registry:
             flops = int(self.registry[packet](*args, **kwargs, out_val=out))
-        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        view = _is_view(func)
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         name = str(packet)
         if view:
             cls = VIEW
@@ -209,7 +234,8 @@ class _Recorder(TorchDispatchMode):
         sig = name + str([(tuple(t.shape), tuple(t.stride()), str(t.dtype)) for t in ins]) + str(
             [a for a in tree_flatten((args, kwargs))[0] if not isinstance(a, torch.Tensor)])
         replay = (func, tree_map(_spec, args), tree_map(_spec, kwargs)) if cls != VIEW else None
-        self.ops.append(OpRecord(name, self._module(), self.phase, cls, flops, read, written, dtype, sig, replay))
+        self.ops.append(OpRecord(name, self._module(), self.phase, cls, flops, read, written, dtype, sig, replay,
+                                 reads))
         if cls == CONV and self.live_bytes is not None:
             self.transient_peak = max(self.transient_peak, self.live_bytes() + _onednn_conv_buffers(name, args, out))
         return out
@@ -233,6 +259,23 @@ def flop_formulas() -> dict:
     if cpu is not None:
         table.setdefault(cpu, forward)
         table.setdefault(aten._scaled_dot_product_flash_attention_for_cpu_backward, backward)
+
+    # The registry's convolution_backward counts the weight gradient as a convolution over all
+    # C_in input channels against all C_out output channels; with groups each output channel sees
+    # C_in / groups of them, so a depthwise convolution's weight gradient came out C_in times too
+    # large. The weight-gradient term is counted again here and the excess taken off.
+    upstream = table[aten.convolution_backward]
+
+    def conv_backward(grad_out, x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
+                      output_mask, *, out_val=None, **kwargs):
+        total = upstream(grad_out, x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
+                         output_mask, out_val=out_val, **kwargs)
+        if groups > 1 and output_mask[1]:
+            whole = upstream(grad_out, x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
+                             [False, True, False], out_val=out_val, **kwargs)
+            total -= whole - whole // groups
+        return total
+    table[aten.convolution_backward] = conv_backward
     return table
 
 
@@ -315,6 +358,17 @@ def _quiet_fake_tensor_log():
         log.setLevel(old)
 
 
+def forward_loss(model: nn.Module, x: Any, y: Any, loss_fn: Callable) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The loss of one forward, and the shape of the output it was taken of. The output itself goes
+    out of scope here, before backward, as in the trainer's step: what the loss needs of it is what
+    autograd saved (for cross-entropy, the log-softmax, not the logits)."""
+    out = model(**x) if isinstance(x, dict) else model(*x) if isinstance(x, (tuple, list)) else model(x)
+    logits = _first_tensor(out)
+    if logits is None:
+        raise TraceError("the model's output holds no tensor for a loss", "")
+    return loss_fn(logits, y), tuple(logits.shape)
+
+
 def _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, clip_grad_norm) -> StepTrace:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -338,23 +392,18 @@ def _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, 
         saved = _SavedTensors({_storage(p) for p in shadow.parameters()} | {_storage(b) for b in shadow.buffers()})
         with tracker, modules, rec:
             for it in range(2):
-                rec.on = it == 1
-                if rec.on:                           # the accounting is of the second step
-                    saved.seen, saved.bytes = set(), 0
+                rec.on = False                       # the batch comes from the loader, not the step
                 rec.phase = "forward"
                 try:
                     x, y = make_batch()
+                    rec.on = it == 1
+                    if rec.on:                       # the accounting is of the second step
+                        saved.seen, saved.bytes = set(), 0
                     saved.batch_bytes = sum(_nbytes(t) for t in tree_flatten((x, y))[0] if isinstance(t, torch.Tensor))
                     cast = torch.autocast(device.split(":")[0], dtype=autocast_dtype) \
                         if autocast_dtype is not None else contextlib.nullcontext()
                     with cast, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-                        out = shadow(**x) if isinstance(x, dict) else shadow(*x) if isinstance(x, (tuple, list)) \
-                            else shadow(x)
-                        logits = _first_tensor(out)
-                        if logits is None:
-                            raise TraceError("the model's output holds no tensor for a loss", "")
-                        out_shape = tuple(logits.shape)
-                        loss = loss_fn(logits, y)
+                        loss, out_shape = forward_loss(shadow, x, y, loss_fn)
                     rec.phase = "backward"
                     loss.backward()
                 except TraceError:
@@ -370,7 +419,7 @@ def _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, 
                 opt.zero_grad(set_to_none=True)
                 if it == 0:
                     tracker.reset_mod_stats()
-                del out, logits, loss, x, y
+                del loss, x, y
         snap = tracker.get_tracker_snapshot("peak")
     per_device = next(iter(snap.values())) if snap else {}
     names = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Activation": "activations",

@@ -5,42 +5,12 @@ tensorpilot.modules, shared with the parallel runtime.
 
 from __future__ import annotations
 
-import ctypes
-import platform
 import shutil
 
 from torch import nn
 
 from tensorpilot.hardware.device import DeviceCaps
-
-
-# glibc mallopt parameters (<malloc.h>)
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
-
-
-def retain_freed_host_memory() -> str | None:
-    """Ask glibc malloc to keep freed memory for reuse instead of handing it back to the kernel.
-
-    By default glibc serves allocations above its mmap threshold (128 KiB, adapting up to
-    32 MiB) with a fresh ``mmap`` and returns them with ``munmap`` on free, and trims the top of
-    its heap: each training step's activations then arrive as fresh pages, and every first touch
-    of a 4 KiB page is a page fault. Here blocks up to 32 MiB (glibc's own adaptive ceiling) come
-    from the heap and the heap is never trimmed. Larger blocks keep their own mappings: serving
-    them from the heap too lets aligned allocations of one recurring size fragment the heap.
-    Page faults per step drop by orders of magnitude at the same peak resident memory
-    (benchmarks/host_memory.py). PyTorch's CPU tuning guide gets the same effect by preloading
-    jemalloc or tcmalloc; this needs no preload and no dependency. The cost: the process keeps its peak heap until it exits. Returns a description,
-    or None where not applicable (not Linux/glibc, or mallopt refused)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return None
-    ok = (mallopt(_M_MMAP_THRESHOLD, 32 << 20)       # blocks up to 32 MiB from the heap
-          and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)   # never give the heap's top back
-          and mallopt(_M_TOP_PAD, 64 << 20))          # grow the heap 64 MiB at a time
-    return "glibc malloc keeps freed memory for reuse (fewer page faults)" if ok else None
+from tensorpilot.hardware.hostmem import retain_freed_host_memory  # noqa: F401 - engine's choice, kept here
 
 
 # compile=auto weighs the compile time against what compiled steps save over the rest of the run.
