@@ -20,6 +20,7 @@ attention), bytes over HBM bandwidth, never under the kernel floor.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -155,6 +156,7 @@ def _spec_bytes(replay: Any) -> int:
     return sum(math.prod(t.shape) * t.dtype.itemsize for t in _flat_specs((replay[1], replay[2])))
 
 
+@functools.lru_cache(maxsize=None)
 def _cpu_cache_bytes(level: int) -> int | None:
     """Size of one CPU cache of ``level`` (2: a core's L2, 3: the last level) from sysfs."""
     from pathlib import Path

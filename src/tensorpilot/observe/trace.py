@@ -195,7 +195,7 @@ class _Recorder(TorchDispatchMode):
         keys_in = [key(t) for t in ins]
         reads = tuple((_nbytes(t), self.clock - self.touched[k] if k in self.touched else 1 << 62)
                       for t, k in zip(ins, keys_in))
-        self.clock += sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs)
+        self.clock += sum(n for n, _ in reads) + sum(_nbytes(t) for t in outs)
         for k in keys_in + [key(t) for t in outs]:
             if k is not None:
                 self.touched[k] = self.clock
@@ -227,7 +227,7 @@ class _Recorder(TorchDispatchMode):
             cls = MATMUL
         else:
             cls = MEMORY
-        read = 0 if view else sum(_nbytes(t) for t in ins)
+        read = sum(n for n, _ in reads)                  # views: none
         written = 0 if view else sum(t.numel() * t.element_size() for t in outs) + _mutated_bytes(func, args, kwargs)
         floats = [t for t in ins if t.is_floating_point()]
         dtype = str(floats[0].dtype).replace("torch.", "") if floats else ""
