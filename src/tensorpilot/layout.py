@@ -10,16 +10,21 @@ One sharding vocabulary, after ZeRO's stages (Rajbhandari et al. 2020):
     fsdp    + parameters sharded, gathered per block (ZeRO-3; FSDP2 ``fully_shard`` in train)
 
 ``ddp`` (what ``--parallel.sharding`` says) and ``zero3`` are accepted as the names of ``none``
-and ``fsdp``; a Layout always holds the canonical name.
+and ``fsdp``; a Layout always holds the canonical name. Hybrid sharding (FSDP's HYBRID_SHARD,
+HSDP: sharded inside a group of ranks, replicated across groups) is ``fsdp`` with a
+``shard_group`` smaller than dp. :func:`normalize_sharding_label` reads the many names papers
+and frameworks give these (``fsdp(dp)``, "fully sharded", "distributed optimizer", ``hsdp``...).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tensorpilot.errors import ConfigError
 
-__all__ = ["Layout", "SHARDINGS", "SHARDING_ALIASES", "SCHEDULES", "canonical_sharding"]
+__all__ = ["Layout", "SHARDINGS", "SHARDING_ALIASES", "SCHEDULES", "SHARDING_LABELS", "canonical_sharding",
+           "normalize_sharding_label"]
 
 SHARDINGS = {"none": 0, "zero1": 1, "zero2": 2, "fsdp": 3}      # name -> ZeRO stage
 SHARDING_ALIASES = {"ddp": "none", "zero3": "fsdp"}
@@ -32,6 +37,49 @@ def canonical_sharding(name: str) -> str:
     if name not in SHARDINGS:
         raise ConfigError(f"unknown sharding {name!r}: use {', '.join(SHARDINGS)} (or ddp, zero3).")
     return name
+
+
+# Sharding labels as papers, configs and framework docs write them -> (canonical sharding, hybrid).
+# Keys are lower-cased with everything but letters and digits dropped ("ZeRO-3" -> "zero3",
+# "fsdp(dp)" -> "fsdpdp"). Sources of the synonyms: ZeRO's P_os / P_os+g / P_os+g+p stages
+# (Rajbhandari et al. 2020, Fig. 1); Megatron-LM's "distributed optimizer" shards optimizer state
+# and fp32 master weights over dp = ZeRO-1 (Megatron-LM docs, distrib_optimizer.md); PyTorch FSDP's
+# ShardingStrategy names (FULL_SHARD, SHARD_GRAD_OP = ZeRO-2, NO_SHARD, HYBRID_SHARD); the Llama 3
+# paper's "FSDP within data parallel" (written fsdp(dp)); DeepSpeed's "stage 3".
+SHARDING_LABELS: dict[str, tuple[str, bool]] = {
+    **{k: ("none", False) for k in ("", "none", "no", "nosharding", "ddp", "ddpnosharding", "dp", "dataparallel",
+                                    "distributeddataparallel", "noshard", "replicated", "zero0", "zerostage0",
+                                    "stage0")},
+    **{k: ("zero1", False) for k in ("zero1", "zerostage1", "stage1", "zeroos", "pos", "os", "distributedoptimizer",
+                                     "distopt", "shardedoptimizer", "optimizersharding", "zero1dp")},
+    **{k: ("zero2", False) for k in ("zero2", "zerostage2", "stage2", "zeroosg", "posg", "osg", "shardgradop",
+                                     "fsdpshardgradop", "zero2dp")},
+    **{k: ("fsdp", False) for k in ("zero3", "zerostage3", "stage3", "zeroosgp", "posgp", "osgp", "fsdp", "fsdp1",
+                                    "fsdp2", "fsdpfull", "fullshard", "fsdpfullshard", "fullysharded",
+                                    "fullyshardeddataparallel", "fullyshard", "fsdpdp", "fsdpwithindp",
+                                    "fsdpwithindataparallel", "zero3dp", "zeroinfinity", "megatronfsdp",
+                                    "customfsdp")},
+    **{k: ("fsdp", True) for k in ("hsdp", "hybridshard", "hybridsharding", "fsdphybrid", "fsdphybridshard",
+                                   "hybridshardeddataparallel", "hybridfsdp", "zero3hybrid", "zeroplusplus",
+                                   "zeropp", "mics")},
+}
+
+
+def normalize_sharding_label(text: str) -> tuple[str, bool]:
+    """A published or user-written sharding label -> (canonical sharding, hybrid within a node).
+
+    'ZeRO-3' -> ('fsdp', False); 'fsdp(dp)' -> ('fsdp', False); 'HSDP' -> ('fsdp', True);
+    'DDP (no sharding)' -> ('none', False). A label that is not known whole is tried part by part
+    (the text before and inside parentheses: 'ZeRO-3 (FSDP)'); none known -> ConfigError."""
+    def key(t: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", t.lower().replace("++", "plusplus").replace("+", ""))
+    parts = [text, *re.split(r"[()\[\],;/]", text)]
+    for part in parts:
+        k = key(part)
+        if k in SHARDING_LABELS and (k or part is text):
+            return SHARDING_LABELS[k]
+    raise ConfigError(f"unknown sharding label {text.strip()[:60]!r}: use one of none/ddp, zero1, zero2, "
+                      "zero3/fsdp or hsdp (docs/planner.md lists the synonyms read)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,9 +96,17 @@ class Layout:
     schedule: str = "1f1b"           # pipeline schedule: 1f1b | gpipe | interleaved
     virtual_stages: int = 1          # model chunks per stage (interleaved schedule)
     recompute: str = "none"          # activation recomputation: none | selective | full
+    shard_group: int = 0             # fsdp: ranks a shard group spans (HSDP: a node); 0 = all dp ranks
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", canonical_sharding(self.sharding))
+        if self.shard_group < 0:
+            raise ConfigError(f"shard_group must be 0 (all dp ranks) or a positive rank count, not {self.shard_group}.")
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks one copy of the sharded states is split over: dp, or the hybrid shard group."""
+        return min(self.shard_group, self.dp) if self.shard_group else self.dp
 
     @property
     def n_devices(self) -> int:
@@ -66,7 +122,8 @@ class Layout:
     def name(self) -> str:
         parts = []
         if self.dp > 1 or (self.tp == 1 and self.pp == 1):
-            parts.append("dp" if self.sharding == "none" else self.sharding)
+            parts.append("dp" if self.sharding == "none" else
+                         "hsdp" if self.shard_degree < self.dp else self.sharding)
         parts += [n for n, k in (("tp", self.tp), ("pp", self.pp)) if k > 1]
         return " x ".join(parts)
 

@@ -40,15 +40,21 @@ def test_search_and_deadline(tmp_path):
 
 
 def test_validate_reference_file(tmp_path):
-    proc = run_cli("plan", "validate", str(REFERENCE), "--json", cwd=tmp_path, check=True)
+    parts = REFERENCE.with_name("published_runs_hardware.toml")
+    proc = run_cli("plan", "validate", str(REFERENCE), "--hardware-file", str(parts), "--json", cwd=tmp_path,
+                   check=True)
     d = json.loads(proc.stdout)
-    assert len(d["rows"]) == 43 and d["counts"] == {"rows": 43, "predicted": 43, "not_modelled": 0}
-    assert d["summary"]["memory"]["median_abs_error"] <= 0.10
-    assert d["summary"]["step_time"]["median_abs_error"] <= 0.10
-    assert d["summary"]["throughput"]["median_abs_error"] <= 0.10
-    proc = run_cli("plan", "validate", str(REFERENCE), cwd=tmp_path, check=True)
+    ref = d["by_split"]["reference"]
+    assert ref["counts"] == {"rows": 43, "predicted": 43, "not_modelled": 0}
+    assert ref["summary"]["memory"]["median_abs_error"] <= 0.10
+    assert ref["summary"]["step_time"]["median_abs_error"] <= 0.10
+    assert ref["summary"]["throughput"]["median_abs_error"] <= 0.10
+    # every row is either predicted or says why not; the counts add up over the splits
+    assert all(r["predicted"] is not None or r["note"].startswith("not modelled: ") for r in d["rows"])
+    assert sum(v["counts"]["rows"] for v in d["by_split"].values()) == d["counts"]["rows"] == len(d["rows"])
+    proc = run_cli("plan", "validate", str(REFERENCE), "--hardware-file", str(parts), cwd=tmp_path, check=True)
     assert "| MEG-01 |" in proc.stdout and "median abs error" in proc.stdout
-    assert "43 rows: 43 predicted, 0 not modelled." in proc.stdout
+    assert "| reference | 43 | 43 (100%) |" in proc.stdout
 
 
 def test_inference_and_hf_config(tmp_path):
@@ -73,3 +79,31 @@ def test_bad_input_is_one_sentence(args, needle, tmp_path):
     proc = run_cli("plan", *args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_user_hardware_file_end_to_end(tmp_path):
+    parts = tmp_path / "parts.toml"
+    parts.write_text('[accelerator.h100-96gb-500w]\nbase = "h100-sxm"\nmem_gb = 96\ntdp_w = 500\n'
+                     'aliases = ["H100 96GB 500W"]\n')
+    proc = run_cli("plan", "--hardware-file", str(parts), "--gpu", "H100 96GB 500W", "--gpus", "8", "--json",
+                   cwd=tmp_path, check=True)
+    d = json.loads(proc.stdout)
+    assert d["hardware"] == "h100-96gb-500w" and d["device_memory_bytes"] == 96 * 2**30
+    assert d["power_w_per_device"] <= 500
+    # overrides on the command line give the same capacity without a file
+    over = json.loads(run_cli("plan", "--gpu", "h100-sxm", "--memory-gb", "96", "--gpus", "8", "--json",
+                              cwd=tmp_path, check=True).stdout)
+    assert over["device_memory_bytes"] == 96 * 2**30 and over["step_time_s"] == pytest.approx(d["step_time_s"])
+    # a validation row may name the part; the file's other rows are predicted as usual
+    rows = REFERENCE.read_text().splitlines()
+    row = rows[1].replace("A100-80GB", "H100 96GB 500W").replace("MEG-01", "USER-01")
+    csv = tmp_path / "runs.csv"
+    csv.write_text("\n".join([rows[0], rows[1], row]) + "\n")
+    out = json.loads(run_cli("plan", "validate", str(csv), "--hardware-file", str(parts), "--json",
+                             cwd=tmp_path, check=True).stdout)
+    assert out["counts"] == {"rows": 2, "predicted": 2, "not_modelled": 0}
+    plain = json.loads(run_cli("plan", "validate", str(csv), "--json", cwd=tmp_path, check=True).stdout)
+    assert plain["counts"]["not_modelled"] == 1 and "unknown accelerator" in plain["rows"][1]["note"]
+    parts.write_text("[accelerator.h100-96gb-500w\n")
+    proc = run_cli("plan", "--hardware-file", str(parts), cwd=tmp_path)
+    assert proc.returncode == 2 and "is not TOML" in proc.stderr and "Traceback" not in proc.stderr

@@ -127,6 +127,24 @@ def test_peaks_are_dense_not_sparse():
     assert get("mi300x").bf16_tflops == 1307.4             # AMD quotes dense; 2614.9 is with sparsity
 
 
+# One figure per added entry, typed by hand from the document its `source` names (the independent
+# reference): a sparse NVIDIA figure is halved here, never in the catalog's favour.
+@pytest.mark.parametrize("key, field, expected, document", [
+    ("h200-nvl", "bf16_tflops", 1671 / 2, "NVIDIA H200 page, H200 NVL: BF16 1,671 TFLOPS with sparsity"),
+    ("h200-nvl", "tdp_w", 600, "NVIDIA H200 page, H200 NVL: up to 600 W"),
+    ("l40", "fp8_tflops", 724 / 2, "NVIDIA L40 datasheet: FP8 362 | 724 TFLOPS (sparse)"),
+    ("a800-sxm4-80gb", "link_gb_per_s", 400, "NVIDIA A800 datasheet: NVLink 400 GB/s"),
+    ("rtx-5090", "bf16_tflops", 209.5, "RTX Blackwell whitepaper App. A: BF16 w/ FP32 acc 209.5"),
+    ("mi355x", "bf16_tflops", 2516.6, "AMD MI355X datasheet: BF16 2.5166 PFLOPS dense"),
+    ("mi250-gcd", "bf16_tflops", 362.1 / 2, "ROCm MI250 doc: matrix BF16 362.1 TFLOPS per OAM (2 GCDs)"),
+    ("tpu-v6e", "mem_bw_gb_per_s", 1638, "Google TPU v6e doc: HBM bandwidth per chip 1638 GBps"),
+    ("tpu7x", "fp8_tflops", 4614, "Google TPU7x doc: peak compute per chip (FP8) 4614 TFLOPs"),
+    ("trainium2", "fp8_tflops", 1299, "AWS Neuron Trainium2 doc: 1,299 FP8 TFLOPS"),
+])
+def test_added_entries_match_their_datasheets(key, field, expected, document):
+    assert getattr(get(key), field) == pytest.approx(expected, abs=1e-9), document
+
+
 def test_missing_values_are_absent_not_zero():
     a100 = get("a100-sxm4-40gb")
     assert a100.fp8_tflops is None and "fp8_tflops" not in a100.unknown   # Ampere has no fp8
@@ -207,6 +225,18 @@ def test_loader_rejects_an_alias_claimed_by_two_entries():
     ("NVIDIA B200", "b200"),
     ("TPU v5 lite", "tpu-v5e"),
     ("GAUDI2", "gaudi2"),
+    # siblings that used to stay unmatched now have entries of their own (not the sibling's)
+    ("NVIDIA L40", "l40"),
+    ("NVIDIA H200 NVL", "h200-nvl"),
+    ("AMD Instinct MI300A", "mi300a"),
+    ("NVIDIA GH200 480GB", "gh200-96gb"),
+    ("NVIDIA GH200 144G HBM3e", "gh200-144gb"),
+    ("NVIDIA B300 SXM6 AC", "b300"),
+    ("NVIDIA GeForce RTX 5090", "rtx-5090"),
+    ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada"),
+    ("NVIDIA A800-SXM4-80GB", "a800-sxm4-80gb"),
+    ("TPU v6 lite", "tpu-v6e"),
+    ("TPU7x", "tpu7x"),
 ])
 def test_normalize_real_device_names(device_name, key):
     assert normalize_device_name(device_name) == key
@@ -215,8 +245,11 @@ def test_normalize_real_device_names(device_name, key):
 @pytest.mark.parametrize("device_name", [
     "NVIDIA GeForce GTX 1080",            # not catalogued
     "NVIDIA A10G",                        # AWS variant, different clocks: not the A10
-    "NVIDIA L40",                         # not the L40S
-    "NVIDIA H200 NVL",                    # not the H200 SXM
+    "NVIDIA L40G",                        # China L40 variant: neither the L40 nor the L40S
+    "NVIDIA H800 PCIe",                   # not the H800 SXM
+    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",   # not catalogued
+    "GH200",                              # ambiguous: 96 GB HBM3 or 144 GB HBM3e
+    "TPU7",                               # a different libtpu chip version than TPU7x
     "NVIDIA H100 80GB HBM3 MIG 1g.10gb",  # a MIG slice has a fraction of the peak
     "NVIDIA GeForce RTX 4090 D",          # cut-down China variant
     "NVIDIA GeForce RTX 4090 Laptop GPU",
@@ -224,7 +257,7 @@ def test_normalize_real_device_names(device_name, key):
     "Tesla V100-SXM2-16GB",               # 16 GB sibling of the catalogued 32 GB part
     "Tesla V100-PCIE-32GB",
     "AMD Instinct MI250X/MI250",          # ambiguous: MI250 has fewer compute units
-    "AMD Instinct MI300A",
+    "NVIDIA GeForce RTX 5090 D",          # cut-down China variant
     "NVIDIA",
     "cpu",
     "cuda:0",

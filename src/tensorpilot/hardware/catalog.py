@@ -45,8 +45,10 @@ __all__ = [
     "closest",
     "cpu_peak_flops",
     "get",
+    "load_hardware_file",
     "normalize_device_name",
     "peak_tflops",
+    "variant",
 ]
 
 # dtype -> catalog field holding its dense peak, in 1e12 ops/s (int8 in integer ops, the rest FLOPs)
@@ -92,6 +94,7 @@ class Accelerator:
     uncertain: frozenset[str] = frozenset()    # fields whose value the source marks uncertain
     unknown: frozenset[str] = frozenset()      # supported, but no figure published
     notes: str = ""
+    base: str | None = None                    # the catalog part this one is a variant of (same silicon)
 
     def peak_tflops(self, dtype: str) -> float | None:
         """Dense datasheet peak at ``dtype`` in 1e12 ops/s ('int8': integer ops), None if unpublished."""
@@ -111,7 +114,7 @@ class Accelerator:
 _NUMBER_FIELDS = frozenset(f.name for f in fields(Accelerator)
                            if f.name.endswith(("_tflops", "_tops", "_gb", "_per_s", "_w", "_hour")))
 _TEXT_FIELDS = frozenset({"name", "vendor", "source", "internode_source", "price_date",
-                          "price_source", "notes"})
+                          "price_source", "notes", "base"})
 _LIST_FIELDS = frozenset({"aliases", "uncertain", "unknown"})
 _REQUIRED = ("name", "vendor", "year", "source")
 _KEY_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
@@ -179,8 +182,17 @@ def _build(raw: Mapping[str, Any]) -> tuple[Mapping[str, Accelerator], Mapping[s
     return MappingProxyType(entries), MappingProxyType(index)
 
 
-@lru_cache(maxsize=1)
+# Parts a user described (``--hardware-file``, :func:`load_hardware_file`) on top of the
+# package's catalog; None until one is loaded.
+_OVERLAY: tuple[Mapping[str, Accelerator], Mapping[str, str]] | None = None
+
+
 def _catalog() -> tuple[Mapping[str, Accelerator], Mapping[str, str]]:
+    return _OVERLAY or _builtin()
+
+
+@lru_cache(maxsize=1)
+def _builtin() -> tuple[Mapping[str, Accelerator], Mapping[str, str]]:
     # Imported here, not at module level: only the first lookup pays for them (~ms).
     from importlib.resources import files
 
@@ -190,7 +202,115 @@ def _catalog() -> tuple[Mapping[str, Accelerator], Mapping[str, str]]:
         import tomli as tomllib
 
     text = files("tensorpilot.hardware").joinpath("accelerators.toml").read_text(encoding="utf-8")
-    return _build(tomllib.loads(text))
+    entries, index = _build(tomllib.loads(text))
+    for key, entry in entries.items():
+        if entry.base is not None and entry.base not in entries:
+            raise ValueError(f"accelerators.toml [accelerator.{key}]: base {entry.base!r} is not a catalog key")
+    return entries, index
+
+
+# ---------------------------------------------------------------------------------------- user parts
+
+_OVERRIDES = {"memory_gb": "mem_gb", "tdp_w": "tdp_w", "mem_bw_gb_per_s": "mem_bw_gb_per_s"}
+
+
+def load_hardware_file(path: str) -> list[str]:
+    """Add the parts a user's TOML file describes to the catalog for this process; their keys.
+
+    Same fields and units as the package's ``accelerators.toml`` (``[accelerator.KEY]`` tables).
+    A table with ``base = "h100-sxm"`` starts from that entry's figures and overrides what it
+    gives (a power-capped or larger-memory variant); without a base, name, vendor, year and
+    source are required. Keys and aliases may not reuse the catalog's. A file that is missing,
+    not TOML, or describes a part wrongly raises ConfigError naming the file and the entry."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    from tensorpilot.files import existing_path, os_reason
+
+    global _OVERLAY
+    p = existing_path(path, "hardware file", kind="file")
+    try:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"hardware file {str(path)!r} cannot be read: {os_reason(exc)}.") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"hardware file {str(path)!r} is not TOML: {str(exc).splitlines()[0]}.") from None
+    tables = raw.get("accelerator")
+    if not isinstance(tables, dict) or not tables or not all(isinstance(t, dict) for t in tables.values()):
+        raise ConfigError(f"hardware file {str(path)!r} describes no part: it needs [accelerator.KEY] tables "
+                          "with the fields of the catalog (see `tensorpilot hw --help`).")
+    builtin, _ = _builtin()
+    current = dict(_catalog()[0])
+    merged: dict[str, Any] = {}
+    for key, table in tables.items():
+        table = dict(table)
+        base = table.get("base")
+        if base is not None:
+            try:
+                parent = get(str(base))
+            except ConfigError as exc:
+                raise ConfigError(f"hardware file {str(path)!r} [accelerator.{key}]: base: {exc}") from None
+            inherited = {f.name: getattr(parent, f.name) for f in fields(Accelerator)
+                         if f.name not in ("key", "aliases", "uncertain", "unknown", "base")
+                         and getattr(parent, f.name) is not None}
+            inherited.update(name=f"{parent.name} variant ({key})", source=f"{parent.source}; changed by {path}")
+            table = {**inherited, **table, "base": parent.base or parent.key}
+        if key in builtin:
+            raise ConfigError(f"hardware file {str(path)!r}: [accelerator.{key}] reuses a catalog key; "
+                              "name the variant differently and set base = \"{key}\".")
+        merged[key] = table
+    try:
+        entries, _ = _build({"schema_version": 1, "accelerator": {**{k: _as_table(a) for k, a in current.items()},
+                                                                   **merged}})
+    except ValueError as exc:
+        raise ConfigError(f"hardware file {str(path)!r}: {str(exc).replace('accelerators.toml ', '')}.") from None
+    _OVERLAY = (MappingProxyType(entries), _build_index(entries))
+    return list(merged)
+
+
+def _as_table(acc: Accelerator) -> dict[str, Any]:
+    """An entry back as the TOML table it was read from (for re-validation with user parts)."""
+    out: dict[str, Any] = {}
+    for f in fields(Accelerator):
+        v = getattr(acc, f.name)
+        if f.name == "key" or v is None or v == () or v == frozenset() or (f.name == "notes" and not v):
+            continue
+        out[f.name] = sorted(v) if isinstance(v, frozenset) else list(v) if isinstance(v, tuple) else \
+            int(v) if f.name == "year" else v
+    return out
+
+
+def _build_index(entries: Mapping[str, Accelerator]) -> Mapping[str, str]:
+    return MappingProxyType({_canonical(a): k for k, e in entries.items() for a in (k, *e.aliases)})
+
+
+def variant(acc: Accelerator, *, memory_gb: float | None = None, tdp_w: float | None = None,
+            peak_scale: float | None = None, mem_bw_gb_per_s: float | None = None) -> Accelerator:
+    """``acc`` with some figures changed: capacity, board power, memory bandwidth, and every
+    compute peak scaled by ``peak_scale`` (a power cap or lower clocks; 0 < scale <= 4). The
+    measured fractions of ``acc`` keep applying (``base``)."""
+    import dataclasses
+
+    changes: dict[str, Any] = {}
+    for arg, value in (("memory_gb", memory_gb), ("tdp_w", tdp_w), ("mem_bw_gb_per_s", mem_bw_gb_per_s)):
+        if value is not None:
+            if not (isinstance(value, (int, float)) and 0 < value < 1e7):
+                raise ConfigError(f"--{arg.replace('_', '-')} must be a positive number, not {value!r}.")
+            changes[_OVERRIDES[arg]] = float(value)
+    if peak_scale is not None:
+        if not (isinstance(peak_scale, (int, float)) and 0 < peak_scale <= 4):
+            raise ConfigError(f"--peak-scale must be in (0, 4], not {peak_scale!r}.")
+        for f in PEAK_FIELDS.values():
+            if getattr(acc, f) is not None:
+                changes[f] = getattr(acc, f) * peak_scale
+    if not changes:
+        return acc
+    what = ", ".join(f"{k}={v:g}" for k, v in (("memory_gb", memory_gb), ("tdp_w", tdp_w),
+                                                ("peak_scale", peak_scale), ("mem_bw_gb_per_s", mem_bw_gb_per_s))
+                     if v is not None)
+    return dataclasses.replace(acc, key=f"{acc.key}-variant", name=f"{acc.name} ({what})", aliases=(),
+                               base=acc.base or acc.key, **changes)
 
 
 # ---------------------------------------------------------------------------------------- lookup

@@ -96,8 +96,8 @@ def _cmd_calibration(args) -> int:
 
 
 def _cmd_traced(args) -> int:
-    from tensorpilot.hardware import catalog
     from tensorpilot.modelplan import planner, sources
+    from tensorpilot.plan import command as plan_command
     from tensorpilot.plan.command import _json
 
     if args.search or args.deadline or args.inference:
@@ -122,7 +122,8 @@ def _cmd_traced(args) -> int:
                                   device=args.device, calibrate=not args.no_calibration, n_devices=gpus,
                                   sharding=args.sharding, top=args.top_k)
     else:
-        plan = planner.plan_catalog(trace, src, catalog.get(args.gpu), batch_size=batch, precision=precision,
+        acc = plan_command.accelerator(args)
+        plan = planner.plan_catalog(trace, src, acc, batch_size=batch, precision=precision,
                                     optimizer=optimizer, n_devices=gpus, sharding=args.sharding, top=args.top_k)
     if args.json:
         print(_json(plan.to_dict()))

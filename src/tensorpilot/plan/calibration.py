@@ -19,6 +19,12 @@ MAMF_FRACTION: dict[str, float] = {
 }
 # Devices without a measurement: an ASSUMED fraction between the measured NVIDIA parts.
 DEFAULT_MAMF_FRACTION = 0.80
+# fp8 (e4m3) GEMMs through cuBLASLt, 8192^3, TN layout (the only one Hopper's fp8 GEMM takes):
+# 1599-1630 TFLOP/s on 16 H100 SXM = 0.81 of the 1979 dense peak (public cuBLASLt cross-check
+# report, gitea.d-robotics.cc han.zhao/test_gpu_scripts, 2026-05); the same hosts measured
+# 1170-1180 (0.59) through torch._scaled_mm, so a recipe's GEMM path matters. Transformer Engine
+# calls cuBLASLt: 0.81 for Hopper. Other parts: their bf16 fraction (ASSUMED).
+MAMF_FRACTION_FP8: dict[str, float] = {"h100-sxm": 0.81, "h200-sxm": 0.81}
 
 # A training step runs the tensor cores for minutes at full load, a GEMM benchmark for a burst:
 # under the power cap clocks settle 5-15% below boost on A100/H100 (public nvidia-smi traces of
@@ -95,7 +101,15 @@ IDLE_POWER_FRACTION = 0.30
 DEFAULT_GRID_G_PER_KWH = 400.0
 
 
-def mamf_fraction(catalog_key: str | None) -> float:
+def calibration_key(acc) -> str:
+    """The catalog entry whose measured fractions apply to ``acc``: a variant (a user's
+    power-capped or larger-memory part, ``base = "h100-sxm"``) shares its base part's silicon."""
+    return getattr(acc, "base", None) or acc.key
+
+
+def mamf_fraction(catalog_key: str | None, dtype: str = "bf16") -> float:
+    if dtype == "fp8" and (catalog_key or "") in MAMF_FRACTION_FP8:
+        return MAMF_FRACTION_FP8[catalog_key]
     return MAMF_FRACTION.get(catalog_key or "", DEFAULT_MAMF_FRACTION)
 
 

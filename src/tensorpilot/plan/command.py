@@ -9,6 +9,7 @@ import math
 from tensorpilot.errors import ConfigError, UsageError
 
 DEFAULT_GPU = "h100-sxm"
+GPUS_PER_NODE = 8      # hsdp's shard group: one 8-device node (calibration.GPUS_PER_NODE)
 
 
 def register(sub) -> dict[str, argparse.ArgumentParser]:
@@ -32,14 +33,26 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     h = p.add_argument_group("hardware and layout")
     h.add_argument("--gpu", default=None, metavar="NAME",
                    help=f"Catalogued accelerator, e.g. h100-sxm, 'A100 80GB' (default: {DEFAULT_GPU}).")
+    h.add_argument("--hardware-file", metavar="FILE.toml",
+                   help="Parts of your own, [accelerator.KEY] tables with the catalog's fields (a variant: "
+                        "base = \"h100-sxm\" plus the figures that differ); --gpu and validation rows may "
+                        "then name them. docs/planner.md has an example.")
+    h.add_argument("--memory-gb", type=float, default=None, metavar="GB",
+                   help="Override the device's memory capacity (e.g. a 96 GB variant).")
+    h.add_argument("--tdp-w", type=float, default=None, metavar="W", help="Override the board power (a power cap).")
+    h.add_argument("--peak-scale", type=float, default=None, metavar="X",
+                   help="Scale every compute peak (e.g. 0.9 for a power-capped or lower-clocked part).")
+    h.add_argument("--mem-bw-gb-per-s", type=float, default=None, metavar="GB/S",
+                   help="Override the device memory bandwidth.")
     h.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="Number of devices (default: tp x pp x dp, or 8).")
     h.add_argument("--tp", type=int, default=1, metavar="N", help="Tensor-parallel ranks (default: 1).")
     h.add_argument("--pp", type=int, default=1, metavar="N", help="Pipeline stages (default: 1).")
     h.add_argument("--dp", type=int, default=None, metavar="N",
                    help="Data-parallel replicas (default: gpus / (tp x pp)).")
-    h.add_argument("--sharding", default="none", choices=["none", "zero1", "zero2", "zero3", "fsdp"],
-                   help="Data-parallel sharding: none (DDP), ZeRO stage 1/2, zero3 = fsdp (default: none).")
+    h.add_argument("--sharding", default="none", choices=["none", "zero1", "zero2", "zero3", "fsdp", "hsdp"],
+                   help="Data-parallel sharding: none (DDP), ZeRO stage 1/2, zero3 = fsdp, hsdp = fsdp "
+                        "inside each node and replicated across nodes (default: none).")
     h.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron sequence parallelism with tp > 1 (splits norm/dropout activations).")
     h.add_argument("--micro-batch", type=int, default=1, metavar="N",
@@ -185,9 +198,26 @@ def _setup(args, spec, replicas: int):
                       else cal.DEFAULT_GRID_G_PER_KWH)
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def accelerator(args, default: str = DEFAULT_GPU):
+    """The device ``--gpu`` names, after ``--hardware-file`` added the user's parts and with the
+    figures ``--memory-gb/--tdp-w/--peak-scale/--mem-bw-gb-per-s`` override."""
     from tensorpilot.hardware import catalog
 
+    load_hardware(args)
+    acc = catalog.get(default if getattr(args, "gpu", None) in (None, "local") else args.gpu)
+    return catalog.variant(acc, memory_gb=getattr(args, "memory_gb", None), tdp_w=getattr(args, "tdp_w", None),
+                           peak_scale=getattr(args, "peak_scale", None),
+                           mem_bw_gb_per_s=getattr(args, "mem_bw_gb_per_s", None))
+
+
+def load_hardware(args) -> None:
+    if getattr(args, "hardware_file", None):
+        from tensorpilot.hardware import catalog
+
+        catalog.load_hardware_file(args.hardware_file)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
     if args.action == "validate":
         return _cmd_validate(args)
     if args.file:
@@ -200,7 +230,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _check_options(args)
     if args.deadline is not None:
         return _cmd_deadline(args)
-    acc = catalog.get(DEFAULT_GPU if args.gpu is None else args.gpu)
+    acc = accelerator(args)
     spec = _model(args)
     if args.inference:
         return _cmd_inference(args, spec, acc)
@@ -212,9 +242,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if gpus % (args.tp * args.pp):
         raise ConfigError(f"tp x pp = {args.tp * args.pp} does not divide --gpus {gpus}.")
     dp = args.dp or gpus // (args.tp * args.pp)
-    layout = Layout(tp=args.tp, pp=args.pp, dp=dp, sharding=args.sharding, sequence_parallel=args.sequence_parallel,
-                    micro_batch=args.micro_batch, schedule=args.schedule, virtual_stages=args.virtual_stages,
-                    recompute=args.recompute)
+    hybrid = args.sharding == "hsdp"            # fsdp sharded over a node's devices, replicated across nodes
+    layout = Layout(tp=args.tp, pp=args.pp, dp=dp, sharding="fsdp" if hybrid else args.sharding,
+                    sequence_parallel=args.sequence_parallel, micro_batch=args.micro_batch, schedule=args.schedule,
+                    virtual_stages=args.virtual_stages, recompute=args.recompute,
+                    shard_group=max(1, GPUS_PER_NODE // args.tp) if hybrid else 0)
     setup = _setup(args, spec, dp)
     check_layout(spec, layout, setup, n_devices=gpus)
     plan = predict(spec, acc, layout, setup)
@@ -329,7 +361,9 @@ def _cmd_deadline(args) -> int:
     if args.tokens is None:
         raise UsageError("--deadline needs --tokens (how many tokens to train).")
     deadline_s = parse_duration_s(args.deadline)
-    accs = [catalog.get(args.gpu)] if args.gpu is not None else list(catalog.all_accelerators().values())
+    load_hardware(args)
+    accs = [accelerator(args)] if args.gpu is not None else \
+        list(catalog.all_accelerators().values())
     if args.gpu is not None and args.price_per_hour is None and accs[0].price_usd_per_gpu_hour is None:
         raise UsageError(f"{accs[0].key} has no catalog price; pass --price-per-hour USD to size it for a deadline.")
     spec = _model(args)
@@ -378,13 +412,15 @@ def _cmd_inference(args, spec, acc) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from tensorpilot.plan.validate import counts, validate_file
+    from tensorpilot.plan.validate import by_split, counts, validate_file
 
     if not args.file:
         raise UsageError("validate needs a CSV file: `tensorpilot plan validate FILE.csv`.")
+    load_hardware(args)
     results, summary = validate_file(args.file)
     if args.json:
-        print(_json({"rows": [r.to_dict() for r in results], "summary": summary, "counts": counts(results)}))
+        print(_json({"rows": [r.to_dict() for r in results], "summary": summary, "counts": counts(results),
+                     "by_split": by_split(results)}))
         return 0
     print(format_validation(results, summary))
     return 0
@@ -392,7 +428,7 @@ def _cmd_validate(args) -> int:
 
 def format_validation(results, summary) -> str:
     """A Markdown table (also what docs/planner.md shows)."""
-    from tensorpilot.plan.validate import counts
+    from tensorpilot.plan.validate import by_split, counts
 
     lines = ["| id | metric | published | predicted | error | note |", "|---|---|---:|---:|---:|---|"]
     for r in results:
@@ -406,6 +442,15 @@ def format_validation(results, summary) -> str:
     n = counts(results)
     lines += ["", f"{n['rows']} rows: {n['predicted']} predicted, {n['not_modelled']} not modelled"
               + (" (the note column says why)." if n["not_modelled"] else ".")]
+    splits = by_split(results)
+    if splits:                  # the file says which rows tuned the constants and which are held out
+        lines += ["", "| split | rows | predicted | median abs error | max abs error |", "|---|---:|---:|---:|---:|"]
+        for name, d in splits.items():
+            a, c = d["summary"].get("all"), d["counts"]
+            med, mx = ("n/a", "n/a") if a is None else (f"{100 * a['median_abs_error']:.1f}%",
+                                                        f"{100 * a['max_abs_error']:.1f}%")
+            lines.append(f"| {_cell(name)} | {c['rows']} | {c['predicted']} ({c['predicted'] / c['rows']:.0%}) "
+                         f"| {med} | {mx} |")
     return "\n".join(lines)
 
 

@@ -25,8 +25,9 @@ from tensorpilot.errors import ConfigError
 from tensorpilot.plan import calibration as cal
 from tensorpilot.plan.models import ModelSpec
 
-__all__ = ["DTYPE_BYTES", "Precision", "activation_bytes_per_device", "layer_activation_bytes",
-           "model_state_bytes", "precision", "weights_bytes", "kv_cache_bytes"]
+__all__ = ["DTYPE_BYTES", "OPTIMIZER_STATE_BYTES", "PRECISION_LABELS", "Precision", "activation_bytes_per_device",
+           "layer_activation_bytes", "model_state_bytes", "optimizer_state_bytes", "precision",
+           "precision_from_label", "weights_bytes", "kv_cache_bytes"]
 
 # One table of dtype sizes.
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
@@ -43,41 +44,106 @@ class Precision:
     master_bytes: float      # separate fp32 copy of the weights (0 when params are fp32 already)
     optim_bytes: float       # optimizer state per parameter (Adam: m and v)
     act_bytes: float         # saved activations per element
-    weight_copy_bytes: float  # half-precision weight copies autocast caches during forward
+    weight_copy_bytes: float  # low-precision weight copies cached during forward (autocast: half; fp8: + transpose)
+    gemm_input_bytes: float = 0  # saved inputs of the weight GEMMs per element (fp8: 1); 0 = act_bytes
 
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8")
 
-# Optimizer state per parameter, in bytes (fp32 states):
+# Optimizer state per parameter, in bytes (fp32 states unless the name says otherwise):
 #   adam/adamw  m and v: 2 x 4
+#   adamw-bf16  m and v kept in bf16 (torchao's AdamW(bf16 states), LLaMA-Factory's pure-bf16): 2 x 2
 #   sgd         momentum: 4
-#   adamw8bit   m and v in 8 bits with one fp32 scale per block of 256 (Dettmers et al. 2022,
-#               "8-bit Optimizers via Block-wise Quantization"; torchao's block size): 2 x (1 + 4/256)
-#   adafactor   factored second moment (Shazeer & Stern 2018): a rows + columns fp32 vector per
-#               (r, c) matrix, 4 (r + c) / (r c) bytes per parameter -- 0.05 for 160 x 160, less
-#               for larger matrices; no first moment. Vectors keep a full fp32 second moment, a
-#               negligible share of a model's parameters.
-OPTIMIZER_STATE_BYTES = {"adam": 8.0, "adamw": 8.0, "sgd": 4.0, "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05}
+#   adamw8bit   m and v in 8 bits with one fp32 scale per block (Dettmers et al. 2022, "8-bit
+#               Optimizers via Block-wise Quantization", section 2.1; the paper's bitsandbytes uses
+#               blocks of 2048, torchao's AdamW8bit -- what `tensorpilot train` runs -- 256):
+#               2 x (1 + 4/256) = 2.03
+#   adafactor   factored second moment (Shazeer & Stern 2018, section 3): one fp32 row vector and
+#               one column vector per (r, c) matrix, 4 (r + c) bytes, and no first moment (the
+#               paper's and Hugging Face's default beta1 = None); vectors keep a full fp32 second
+#               moment. Per parameter it depends on the shapes (:func:`optimizer_state_bytes`);
+#               0.05 below is a 160 x 160 matrix, the figure used where no shapes are known.
+OPTIMIZER_STATE_BYTES = {"adam": 8.0, "adamw": 8.0, "adamw-bf16": 4.0, "sgd": 4.0,
+                         "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05}
+
+# Precision labels as papers, configs and framework docs write them (lower-cased, only letters
+# and digits kept) -> recipe. 'bf16' alone is torchtitan's FSDP2 mixed precision (bf16 compute,
+# fp32 sharded params and reductions: autocast-like); Megatron/DeepSpeed "mixed" keeps half
+# weights with an fp32 master; Lightning's "bf16-true" and "pure bf16" keep no fp32 copy; fp8
+# recipes differ in scaling (delayed, current, block-wise, MX) but store and compute alike here.
+PRECISION_LABELS = {
+    **{k: "fp32" for k in ("fp32", "float32", "single", "full", "fullprecision", "fp32full", "32", "32true")},
+    **{k: "tf32" for k in ("tf32", "fp32tf32", "tensorfloat32")},
+    **{k: "fp16" for k in ("fp16", "fp16mixed", "mixedfp16", "fp16mixedprecision", "mixedprecisionfp16", "half",
+                           "fp16master", "apexo2", "o2")},
+    **{k: "bf16" for k in ("bf16mixed", "mixedbf16", "bf16mixedprecision", "mixedprecisionbf16", "bf16master",
+                           "bf16fp32master", "bf16withfp32master")},
+    **{k: "fp16-amp" for k in ("amp", "torchamp", "nativeamp", "autocast", "torchautocast", "fp16amp", "ampfp16", "fp16autocast",
+                               "fp16mixedadamw", "16", "16mixed", "ampo1", "o1", "mixedprecision")},
+    **{k: "bf16-amp" for k in ("bf16", "bfloat16", "bf16amp", "ampbf16", "bf16autocast", "bf16mixedautocast",
+                               "16bf16mixed", "bf16fsdp2", "bf16fsdpmixedprecision")},
+    **{k: "bf16-pure" for k in ("bf16pure", "purebf16", "bf16true", "bf16only", "bf16nomaster", "bf16full")},
+    **{k: "fp8" for k in ("fp8", "float8", "fp8mixed", "fp8hybrid", "fp8te", "fp8transformerengine", "fp8delayed",
+                          "fp8delayedscaling", "fp8currentscaling", "fp8tensorwise", "fp8rowwise", "fp8blockwise",
+                          "mxfp8", "fp8bf16", "fp8e4m3", "fp8torchao", "torchaofloat8", "fp8mixedprecision")},
+}
+# substrings tried in order when a label is not known whole ("FP16 mixed with AdamW" -> fp16-amp)
+_PRECISION_NEEDLES = (("fp8", "fp8"), ("float8", "fp8"), ("fp16 mixed adamw", "fp16-amp"), ("bf16 amp", "bf16-amp"),
+                      ("bf16 pure", "bf16-pure"), ("fp16 mixed", "fp16"), ("bf16 mixed", "bf16"),
+                      ("tf32", "tf32"), ("fp32", "fp32"), ("bf16", "bf16-amp"), ("fp16", "fp16"))
 
 
-def precision(name: str, optimizer: str = "adam") -> Precision:
-    """Recipes: 'fp32'/'tf32' (all fp32), 'bf16'/'fp16' (half weights and grads + fp32 master and
-    Adam: Megatron, DeepSpeed), 'bf16-amp'/'fp16-amp' (torch.autocast: fp32 weights, grads and
-    Adam; half compute), 'bf16-pure' (everything bf16, Adam states too), 'fp8' (fp8 matmuls,
-    bf16 weights with fp32 master, as Transformer Engine)."""
+def precision_from_label(text: str) -> str:
+    """A published or user-written precision label -> a recipe of :data:`PRECISIONS`:
+    'FP16 mixed' -> 'fp16', 'AMP' -> 'fp16-amp', 'bf16-true' -> 'bf16-pure', 'FP8 (TE)' -> 'fp8'.
+    Unknown -> ConfigError naming the label."""
+    import re
+
+    key = re.sub(r"[^a-z0-9]", "", text.lower())
+    if key in PRECISION_LABELS or text.strip() in PRECISIONS:
+        return PRECISION_LABELS.get(key, text.strip())
+    low = " ".join(re.sub(r"[^a-z0-9]", " ", text.lower()).split())
+    for needle, name in _PRECISION_NEEDLES:
+        if needle in low:
+            return name
+    raise ConfigError(f"unknown precision label {text.strip()[:60]!r}: use one of {', '.join(PRECISIONS)} "
+                      "(docs/planner.md lists the synonyms read)")
+
+
+def optimizer_state_bytes(optimizer: str, n_params: float, matrices: list[tuple[int, int, int]] = ()) -> float:
+    """Bytes of optimizer state for ``n_params`` parameters. ``matrices``: (rows, cols, count) of
+    the 2-D weights among them; only Adafactor needs them (factored moments: 4 (r + c) bytes per
+    matrix, 4 bytes per element of everything else). Without them Adafactor takes the per-parameter
+    figure of :data:`OPTIMIZER_STATE_BYTES`."""
     if optimizer not in OPTIMIZER_STATE_BYTES:
         raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZER_STATE_BYTES)}, not {optimizer!r}.")
-    st = OPTIMIZER_STATE_BYTES[optimizer]
+    if optimizer != "adafactor" or not matrices:
+        return n_params * OPTIMIZER_STATE_BYTES[optimizer]
+    in_matrices = sum(r * c * k for r, c, k in matrices)
+    return 4.0 * sum((r + c) * k for r, c, k in matrices) + 4.0 * max(0.0, n_params - in_matrices)
+
+
+def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float | None = None) -> Precision:
+    """Recipes: 'fp32'/'tf32' (all fp32), 'bf16'/'fp16' (half weights and grads + fp32 master and
+    Adam: Megatron, DeepSpeed), 'bf16-amp'/'fp16-amp' (torch.autocast: fp32 weights, grads and
+    Adam; half compute), 'bf16-pure' (everything bf16, Adam states too), 'fp8' (Transformer
+    Engine's recipe: bf16 weights with an fp32 master, fp8 GEMMs, each block weight cached in fp8
+    with its transpose -- Hopper's fp8 GEMM takes only the TN layout --, GEMM inputs saved for
+    backward in fp8; attention, norms and communication in bf16). ``state_bytes_per_param``
+    overrides the optimizer's table figure (Adafactor from the model's shapes)."""
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZER_STATE_BYTES)}, not {optimizer!r}.")
+    st = OPTIMIZER_STATE_BYTES[optimizer] if state_bytes_per_param is None else state_bytes_per_param
     if name in ("fp32", "tf32"):
         return Precision(name, name, 4, 4, 0, st, 4, 0)
     if name in ("bf16", "fp16"):
         return Precision(name, name, 2, 2, 4, st, 2, 0)
     if name in ("bf16-amp", "fp16-amp"):
         return Precision(name, name[:4], 4, 4, 0, st, 2, 2)
-    if name == "bf16-pure":    # states kept in bf16 too: half of fp32 ones (8-bit ones stay 8-bit)
+    if name == "bf16-pure":    # states kept in bf16 too: half of fp32 ones (8-bit and bf16 ones stay)
         return Precision(name, "bf16", 2, 2, 0, st / 2 if optimizer in ("adam", "adamw", "sgd") else st, 2, 0)
     if name == "fp8":
-        return Precision(name, "fp8", 2, 2, 4, st, 2, 1)
+        return Precision(name, "fp8", 2, 2, 4, st, 2, 2, gemm_input_bytes=1)
     raise ConfigError(f"unknown precision {name!r}; use one of {', '.join(PRECISIONS)}.")
 
 
@@ -102,7 +168,8 @@ def model_state_bytes(n_params: float, prec: Precision, *, zero_stage: int = 0, 
 
 def layer_activation_bytes(spec: ModelSpec, *, seq_len: int, micro_batch: int, tp: int = 1,
                            sequence_parallel: bool = False, recompute: str = "none",
-                           attention: str = "flash", act_bytes: float = 2) -> float:
+                           attention: str = "flash", act_bytes: float = 2,
+                           gemm_input_bytes: float = 0) -> float:
     """Bytes one block keeps for its backward, per device, for one micro-batch.
 
     Stored tensors per token, e = act_bytes (Korthikanti's GPT case gives 34 s b h at e = 2):
@@ -112,6 +179,8 @@ def layer_activation_bytes(spec: ModelSpec, *, seq_len: int, micro_batch: int, t
         (SwiGLU: gate, up and their product, 3f);
       attention core: materialised -> softmax output a s (e) + dropout mask a s (1) + dropout
         output a s (e); flash -> a row log-sum-exp (4 bytes per head).
+    ``gemm_input_bytes`` (fp8 recipes: 1) replaces e for the tensors saved as the inputs of the
+    four weight GEMMs: QKV input h, MLP input h, attention output q, down-projection input f.
     """
     h, f, q, kv, a = spec.hidden, spec.ffn_hidden, spec.q_dim, spec.kv_dim, spec.heads
     tokens = seq_len * micro_batch
@@ -119,10 +188,11 @@ def layer_activation_bytes(spec: ModelSpec, *, seq_len: int, micro_batch: int, t
     if recompute == "full":                     # only the block's input survives
         return tokens * h * act_bytes / sp_div
     e = act_bytes
+    g = gemm_input_bytes or e
     mask = 1 if spec.dropout else 0
-    replicated = 4 * h * e + 2 * h * mask
-    mlp = (3 if spec.mlp == "swiglu" else 2) * f * e
-    split = (q + kv + kv + q) * e + mlp
+    replicated = 2 * h * e + 2 * h * g + 2 * h * mask
+    mlp = (2 if spec.mlp == "swiglu" else 1) * f * e + f * g
+    split = (q + kv + kv) * e + q * g + mlp
     if attention == "flash":
         core = 4 * a
     else:
@@ -149,7 +219,8 @@ def _in_flight(schedule: str, pp: int, n_micro: int, virtual_stages: int) -> flo
 def activation_bytes_per_device(spec: ModelSpec, *, seq_len: int, micro_batch: int, n_micro: int,
                                 tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
                                 recompute: str = "none", attention: str = "flash", act_bytes: float = 2,
-                                schedule: str = "1f1b", virtual_stages: int = 1) -> dict[str, float]:
+                                schedule: str = "1f1b", virtual_stages: int = 1,
+                                gemm_input_bytes: float = 0) -> dict[str, float]:
     """Activation bytes of the busiest pipeline stage: the stored block activations of all
     in-flight micro-batches, plus the working set of one block being recomputed / differentiated,
     plus the output logits and loss of one micro-batch (on the last stage; with pp = 1 the same
@@ -157,7 +228,7 @@ def activation_bytes_per_device(spec: ModelSpec, *, seq_len: int, micro_batch: i
     layers_per_stage = math.ceil(spec.layers / pp)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
               attention=attention, act_bytes=act_bytes)
-    per_layer = layer_activation_bytes(spec, recompute=recompute, **kw)
+    per_layer = layer_activation_bytes(spec, recompute=recompute, gemm_input_bytes=gemm_input_bytes, **kw)
     stored = per_layer * layers_per_stage * _in_flight(schedule, pp, n_micro, virtual_stages)
     # backward of a recomputed block rebuilds its full activations; without recomputation the
     # gradient of the block being differentiated is the extra working set (~ one block's inputs)

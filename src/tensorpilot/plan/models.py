@@ -120,6 +120,21 @@ class ModelSpec:
     def n_params(self) -> int:
         return self.layers * self.layer_params + self.embedding_params + self.head_params
 
+    def matrices(self, layers: int | None = None, *, embedding: bool = True, head: bool = True,
+                 tp: int = 1) -> list[tuple[int, int, int]]:
+        """The 2-D weights as (rows, cols, count): ``layers`` blocks (default all; Q, K, V and
+        the MLP's gate/up as separate matrices, as Hugging Face and torchtitan models hold them),
+        the embedding tables and the untied output head; ``tp`` splits each block matrix."""
+        h, f, q, kv = self.hidden, self.ffn_hidden, self.q_dim, self.kv_dim
+        n = self.layers if layers is None else layers
+        out = [(h, q // tp, n), (h, kv // tp, 2 * n), (q // tp, h, n),
+               (h, f // tp, (self.mlp_matrices - 1) * n), (f // tp, h, n)]
+        if embedding:
+            out += [(self.vocab, h, 1)] + ([(self.learned_positions, h, 1)] if self.learned_positions else [])
+        if head and self.lm_head and not self.tied_embeddings:
+            out.append((h, self.vocab, 1))
+        return [m for m in out if m[2] and m[0] and m[1]]
+
     @property
     def n_matmul_params(self) -> int:
         """Weights that take part in a matmul per token: blocks + the output head (tied or not)."""

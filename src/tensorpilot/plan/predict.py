@@ -21,7 +21,7 @@ from tensorpilot.hardware.peak import mfu as mfu_of
 from tensorpilot.plan import calibration as cal
 from tensorpilot.plan import memory as mem
 from tensorpilot.plan import timing as tm
-from tensorpilot.plan.flops import RECOMPUTE_MODES, hardware_flops, train_flops
+from tensorpilot.plan.flops import RECOMPUTE_MODES, hardware_flops, layer_gemms, train_flops
 from tensorpilot.layout import SCHEDULES, SHARDINGS, Layout
 from tensorpilot.plan.limits import (MAX_DEVICES, MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_SEQ_LEN,
                                      MAX_SEQUENCES, MAX_TOKENS, check_count, check_number)
@@ -91,16 +91,26 @@ class Plan:
 
 
 def device_rates(acc: Accelerator, compute_dtype: str) -> tm.DeviceRates:
+    """Achievable rates in ``compute_dtype``. fp8 runs only the weight GEMMs in fp8: fused
+    attention stays bf16 (Transformer Engine's and torchao's default recipes), so its rate comes
+    from the bf16 peak."""
     peak = acc.peak_flops_per_s(compute_dtype)
     if not peak:
         raise ConfigError(f"{acc.key} has no published {compute_dtype} peak; choose another --precision.")
+    if compute_dtype == "fp8":
+        half = device_rates(acc, "bf16")
+        return tm.DeviceRates(matmul_flops_per_s=peak * cal.SUSTAINED_COMPUTE_FRACTION
+                              * cal.mamf_fraction(cal.calibration_key(acc), "fp8"),
+                              mem_bytes_per_s=half.mem_bytes_per_s, link_bytes_per_s=half.link_bytes_per_s,
+                              internode_bytes_per_s=half.internode_bytes_per_s,
+                              attention_flops_per_s=half.attention_flops_per_s)
     link = (acc.link_gb_per_s or 32) * 1e9 / 2 * cal.LINK_BW_FRACTION          # both directions -> one
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION
-    return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(acc.key),
+    return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(cal.calibration_key(acc)),
                           mem_bytes_per_s=(acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.MEMORY_BW_FRACTION,
                           link_bytes_per_s=link, internode_bytes_per_s=net,
-                          attention_flops_per_s=sustained * cal.flash_attention_fraction(acc.key))
+                          attention_flops_per_s=sustained * cal.flash_attention_fraction(cal.calibration_key(acc)))
 
 
 def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: int | None = None) -> None:
@@ -156,27 +166,33 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     if check:
         check_layout(spec, layout, setup)
     lo, s = layout, setup
-    prec = mem.precision(s.precision, s.optimizer)
+    state = mem.optimizer_state_bytes(s.optimizer, spec.n_params, spec.matrices()) / spec.n_params
+    prec = mem.precision(s.precision, s.optimizer, state_bytes_per_param=state)
     e = prec.act_bytes
     rates = device_rates(acc, prec.compute)
+    fp8 = prec.compute == "fp8"
+    head_rates = device_rates(acc, "bf16") if fp8 else rates     # the output layer stays bf16 (TE, NeMo)
     n_micro = s.global_batch // (lo.dp * lo.micro_batch)        # micro-batches per replica per step
     layers_stage = math.ceil(spec.layers / lo.pp)
 
     # ---- memory of the busiest device
     params_stage = _stage_params(spec, lo.pp) / lo.tp
-    states = mem.model_state_bytes(params_stage, prec, zero_stage=lo.zero_stage, dp=lo.dp)
+    states = mem.model_state_bytes(params_stage, prec, zero_stage=lo.zero_stage, dp=lo.shard_degree)
     acts = mem.activation_bytes_per_device(
         spec, seq_len=s.seq_len, micro_batch=lo.micro_batch, n_micro=n_micro, tp=lo.tp, pp=lo.pp,
         sequence_parallel=lo.sequence_parallel, recompute=lo.recompute, attention=s.attention,
-        act_bytes=e, schedule=lo.schedule, virtual_stages=lo.virtual_stages)
+        act_bytes=e, schedule=lo.schedule, virtual_stages=lo.virtual_stages,
+        gemm_input_bytes=prec.gemm_input_bytes)
     layer_param_bytes = spec.layer_params / lo.tp * DTYPE_COMPUTE_BYTES(prec)
     buffers = 0.0
     if lo.zero_stage == 3:      # two gathered blocks (current + prefetch) and one unsharded block grad
         buffers += 2 * layer_param_bytes + spec.layer_params / lo.tp * prec.grad_bytes
     elif lo.dp > 1:             # DDP/ZeRO gradient buckets (25 MB default, two in flight)
         buffers += 2 * 25 * 2**20
-    # autocast keeps a half copy of each weight it used until forward ends (FSDP: of gathered blocks)
-    copied_params = 2 * spec.layer_params / lo.tp if lo.zero_stage == 3 else params_stage
+    # autocast keeps a half copy of each weight it used until forward ends (FSDP: of gathered
+    # blocks); fp8 recipes cache the fp8 weight and its transpose of every block GEMM
+    copied_params = 2 * spec.layer_params / lo.tp if lo.zero_stage == 3 else \
+        (layers_stage * spec.layer_params / lo.tp if fp8 else params_stage)
     buffers += prec.weight_copy_bytes * copied_params
     allocated = sum(states.values()) + acts["activations"] + acts["logits"] + buffers
     memory_bytes = {**states, "activations": acts["activations"], "logits_and_loss": acts["logits"],
@@ -195,29 +211,43 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     tokens_micro = s.seq_len * lo.micro_batch
     head_s = 0.0
     if spec.lm_head:            # output GEMM (fwd + 2 bwd) + fp32 loss traffic (~6 passes of 4 bytes)
-        head_s = 3 * tm.gemm_time_s(tokens_micro, spec.hidden, math.ceil(spec.vocab / lo.tp), rates, e) \
+        head_s = 3 * tm.gemm_time_s(tokens_micro, spec.hidden, math.ceil(spec.vocab / lo.tp), head_rates, e) \
             + tokens_micro * spec.vocab / lo.tp * 24 / rates.mem_bytes_per_s
+    # fp8 scaling: every GEMM input is cast to fp8 with its amax (read e, write 1 byte) in forward,
+    # the output gradient likewise in backward, and the saved fp8 input transposed for the
+    # weight gradient (Hopper's fp8 GEMM is TN-only: read 1, write 1); block weights are cast
+    # and transposed once per step (cached across micro-batches), added below with the optimizer
+    cast_s = 0.0
+    if fp8:
+        cast_s = layers_stage * sum((e + 1 + 2) * g.m * g.k + (e + 1) * g.m * g.n
+                                    for g in layer_gemms(spec, tokens_micro, lo.tp)) / rates.mem_bytes_per_s
     fwd_s = layers_stage * lt.forward_s
     bwd_s = layers_stage * (lt.backward_s + recompute_s)
-    stage_micro_s = fwd_s + bwd_s + layers_stage * tp_comm_s + head_s
+    stage_micro_s = fwd_s + bwd_s + layers_stage * tp_comm_s + head_s + cast_s
     if lo.pp > 1:               # activations sent forward and gradients back, Megatron's scatter/gather /t
         bw, alpha = tm.group_link(rates, lo.pp, lo.tp * lo.dp)
         p2p = alpha + tokens_micro * spec.hidden * e / lo.tp / bw
         stage_micro_s += 2 * p2p * (lo.virtual_stages if lo.schedule == "interleaved" else 1)
 
-    # ---- data-parallel / sharded communication
-    bw, alpha = tm.group_link(rates, lo.dp, lo.tp)
+    # ---- data-parallel / sharded communication (hybrid sharding: gathers and reduce-scatters
+    # inside the shard group, then one all-reduce of each rank's gradient shard across groups)
+    shard = lo.shard_degree
+    bw, alpha = tm.group_link(rates, shard if lo.zero_stage == 3 else lo.dp, lo.tp)
     grad_bytes = params_stage * (prec.grad_bytes if prec.grad_bytes <= 2 else 4)
     half_param_bytes = params_stage * DTYPE_COMPUTE_BYTES(prec)
     bwd_micro_s = bwd_s + head_s
     dp_exposed = 0.0
     if lo.dp > 1:
         if lo.zero_stage == 3:
-            ag = tm.allgather_time_s(half_param_bytes, lo.dp, bw, alpha)
-            rs = tm.reducescatter_time_s(grad_bytes, lo.dp, bw, alpha)
+            ag = tm.allgather_time_s(half_param_bytes, shard, bw, alpha)
+            rs = tm.reducescatter_time_s(grad_bytes, shard, bw, alpha)
             per_micro = (max(ag / layers_stage, ag - fwd_s)
                          + max((ag + rs) / layers_stage, ag + rs - bwd_micro_s))
             dp_exposed = n_micro * per_micro
+            if shard < lo.dp:
+                bw_r, alpha_r = tm.group_link(rates, lo.dp // shard, lo.tp * shard)
+                ar = tm.allreduce_time_s(grad_bytes / shard, lo.dp // shard, bw_r, alpha_r)
+                dp_exposed += max(ar / layers_stage, ar - bwd_micro_s)
         else:
             if lo.zero_stage == 2:     # reduce-scatter every micro-batch, overlapped with backward
                 rs = tm.reducescatter_time_s(grad_bytes, lo.dp, bw, alpha)
@@ -230,9 +260,11 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                 dp_exposed += tm.allgather_time_s(half_param_bytes, lo.dp, bw, alpha)
 
     # ---- optimizer: streams weights, grads, master and states once each way
-    opt_params = params_stage / (lo.dp if lo.zero_stage >= 1 else 1)
+    opt_params = params_stage / (shard if lo.zero_stage >= 1 else 1)
     opt_bytes = opt_params * (prec.grad_bytes + 2 * (prec.master_bytes or prec.param_bytes)
                               + 2 * prec.optim_bytes + (prec.param_bytes if prec.master_bytes else 0))
+    if fp8:                     # block weights cast to fp8 and transposed once a step: read 2, write 1 + 1
+        opt_bytes += layers_stage * spec.layer_params / lo.tp * 4
     optimizer_s = opt_bytes / rates.mem_bytes_per_s
 
     pipe_s = tm.pipeline_time_s(stage_micro_s, lo.pp, n_micro, lo.schedule, lo.virtual_stages)
@@ -244,7 +276,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         "memory_bound": n_micro * (layers_stage * lt.elementwise_fwd_s * (3 + (lo.recompute == "full")) + head_s),
         "tp_comm": n_micro * layers_stage * tp_comm_s,
         "pipeline_bubble": pipe_s - n_micro * stage_micro_s,
-        "pp_comm": n_micro * (stage_micro_s - fwd_s - bwd_s - layers_stage * tp_comm_s - head_s),
+        "pp_comm": n_micro * (stage_micro_s - fwd_s - bwd_s - layers_stage * tp_comm_s - head_s - cast_s),
+        "fp8_casts": n_micro * cast_s,
         "dp_comm_exposed": dp_exposed,
         "optimizer": optimizer_s,
     }
@@ -257,7 +290,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     peak = acc.peak_flops_per_s(prec.compute)
     plan_mfu = mfu_of(model_flops / step_s / n_dev, peak)
     plan_hfu = mfu_of(hw_flops / step_s / n_dev, peak)
-    busy = min(1.0, (plan_hfu or 0) / (cal.mamf_fraction(acc.key) * cal.SUSTAINED_COMPUTE_FRACTION))
+    saturated = cal.mamf_fraction(cal.calibration_key(acc), prec.compute) * cal.SUSTAINED_COMPUTE_FRACTION
+    busy = min(1.0, (plan_hfu or 0) / saturated)
     power = acc.tdp_w * (cal.IDLE_POWER_FRACTION + (1 - cal.IDLE_POWER_FRACTION) * busy) if acc.tdp_w else None
     plan = Plan(model=spec.name, hardware=acc.key, layout=lo.name, layout_detail=lo, n_devices=n_dev,
                 memory_bytes=memory_bytes, memory_limit_bytes=limit, device_memory_bytes=device_bytes,

@@ -2,7 +2,8 @@
 
 Rows follow the columns of the project's reference file (id, model, params_b, hidden, layers,
 heads, vocab, ffn_hidden, kv_heads, gpu, n_gpus, tp, pp, dp, seq_len, global_batch, micro_batch,
-precision, recompute, sharding, metric, value, unit, flops_convention, source).
+precision, recompute, sharding, metric, value, unit, flops_convention, source; optional: tokens,
+optimizer, split).
 
 How a row becomes a prediction, with every rule stated (none is per row):
 - shapes come from the row; the family (from the model name) sets what the columns lack:
@@ -11,10 +12,14 @@ How a row becomes a prediction, with every rule stated (none is per row):
   positions. A row with only params_b supports the memory metrics that need nothing else.
 - the attention kernel follows the software the source used: Megatron-LM papers of 2021-22 and
   the Hugging Face BERT guide materialise the s x s scores; llm-foundry and torchtitan use flash.
-- precision: 'fp16 mixed' -> half weights + fp32 master (Megatron, DeepSpeed); 'amp' / HF
-  'mixed adamw' -> torch.autocast; 'bf16' (torchtitan FSDP2 mixed precision) -> autocast-like.
+- labels are read generously (layout.normalize_sharding_label, memory.precision_from_label):
+  'fp16 mixed' -> half weights + fp32 master (Megatron, DeepSpeed); 'amp' / HF 'mixed adamw' ->
+  torch.autocast; 'bf16' (torchtitan FSDP2 mixed precision) -> autocast-like; 'fp8' -> fp8
+  GEMMs; 'fsdp(dp)', 'fully sharded', 'zero-3' -> fsdp; 'hsdp' -> fsdp within a node.
+- totals (gpu_hours, time_to_train, energy) need the row's training ``tokens``; a blank dp is
+  n_gpus / (tp x pp); context parallelism (cp=N in flops_convention) is not modelled.
 - units: GB = 1e9 bytes (papers' arithmetic); MB = MiB, 2^20 bytes (what nvidia-smi, PyTorch
-  and accelerate print under that name).
+  and accelerate print under that name); GiB = 2^30; % for MFU; GPU-hours, s/min/h/days, kWh/MWh.
 - a blank micro_batch is 1; 'interleaved pipeline (N chunks)' in flops_convention selects the
   interleaved schedule.
 
@@ -38,26 +43,38 @@ from tensorpilot.files import existing_path, os_reason
 from tensorpilot.plan import memory as mem
 from tensorpilot.plan.models import ModelSpec
 
-__all__ = ["RowResult", "counts", "load_rows", "predict_row", "summarize", "validate_rows", "validate_file"]
+__all__ = ["RowResult", "by_split", "counts", "load_rows", "predict_row", "summarize", "validate_rows", "validate_file"]
 
 # metric -> kind reported in the summary
 METRIC_KINDS = {
-    "achieved_tflops_per_gpu": "throughput", "tokens_per_s_per_gpu": "throughput",
+    "achieved_tflops_per_gpu": "throughput", "tokens_per_s_per_gpu": "throughput", "mfu": "throughput",
     "iteration_time": "step_time", "model_state_memory_per_gpu": "memory",
     "activation_memory_per_gpu": "memory", "nvidia_smi_memory": "memory", "weights_memory": "memory",
+    "peak_memory_per_gpu": "memory", "gpu_hours": "totals", "time_to_train": "totals", "energy": "totals",
 }
-UNITS = {"GB": 1e9, "MB": 2**20, "s": 1.0, "TFLOP/s/GPU": 1e12, "tokens/s/GPU": 1.0}
-# the reference file's GPU names -> catalog keys (SXM boards: DGX/HGX systems)
-GPU_NAMES = {"a100-80gb": "a100-sxm4-80gb", "h100-80gb": "h100-sxm", "a100-40gb": "a100-sxm4-40gb",
+# metrics that need the row's token budget (column ``tokens``)
+TOTALS = ("gpu_hours", "time_to_train", "energy")
+UNITS = {"GB": 1e9, "MB": 2**20, "MiB": 2**20, "GiB": 2**30, "TB": 1e12, "s": 1.0, "min": 60.0, "h": 3600.0,
+         "days": 86400.0, "TFLOP/s/GPU": 1e12, "tokens/s/GPU": 1.0, "%": 0.01, "GPU-hours": 1.0,
+         "kWh": 1.0, "MWh": 1000.0}
+# GPU names papers use without the board form -> catalog keys (training clusters are SXM boards:
+# DGX/HGX systems); anything else goes to the catalog's own lookup (keys, aliases, driver names)
+GPU_NAMES = {"a100-80gb": "a100-sxm4-80gb", "a100 80gb": "a100-sxm4-80gb", "a100": "a100-sxm4-80gb",
+             "h100-80gb": "h100-sxm", "h100 80gb": "h100-sxm", "h100": "h100-sxm",
+             "a100-40gb": "a100-sxm4-40gb", "a100 40gb": "a100-sxm4-40gb", "h200": "h200-sxm",
              # the 16 GB V100 is not in the catalog; its rates equal the 32 GB part's, and the rows
              # that use it are memory measurements, which do not depend on capacity
-             "v100-16gb": "v100-sxm2-32gb", "v100-32gb": "v100-sxm2-32gb", "any": "h100-sxm"}
-_FLASH_SOURCES = ("llm-foundry", "torchtitan")
-_PRECISIONS = [("fp16 mixed adamw", "fp16-amp"), ("bf16 amp", "bf16-amp"), ("bf16 pure", "bf16-pure"),
-               ("fp16 mixed", "fp16"), ("bf16 mixed", "bf16"), ("fp32", "fp32"), ("bf16", "bf16-amp"),
-               ("fp16", "fp16")]
-_SHARDINGS = {"none": "none", "": "none", "ddp (no sharding)": "none", "zero-1": "zero1", "zero-2": "zero2",
-              "zero-3": "fsdp", "fsdp-full": "fsdp", "fsdp2": "fsdp", "fsdp": "fsdp"}
+             "v100-16gb": "v100-sxm2-32gb", "v100-32gb": "v100-sxm2-32gb", "v100": "v100-sxm2-32gb",
+             "any": "h100-sxm"}
+# software whose attention is a fused (flash) kernel: llm-foundry, torchtitan, NeMo / Megatron-Core
+# (Transformer Engine's fused attention), the Llama 3 stack; the Megatron-LM papers of 2019-22,
+# Megatron-DeepSpeed (BLOOM, MT-NLG), metaseq (OPT) and the HF BERT guide materialise the scores
+_FLASH_SOURCES = ("llm-foundry", "torchtitan", "nemo", "megatron-bridge", "megatron-core", "llama 3 herd")
+# optimizer column (blank: Adam) -> planner optimizer
+_OPTIMIZERS = {"": "adam", "adam": "adam", "adamw": "adamw", "sgd": "sgd", "sgd momentum": "sgd",
+               "adafactor": "adafactor", "adamw8bit": "adamw8bit", "8-bit adamw": "adamw8bit", "adam8bit": "adamw8bit",
+               "8-bit adam": "adamw8bit", "adamw 8bit": "adamw8bit", "bnb adamw8bit": "adamw8bit",
+               "adamw-bf16": "adamw-bf16", "adamw bf16": "adamw-bf16"}
 # no count in a published run (devices, sequences, tokens per sequence, widths) comes near this;
 # the planner's own limits (limits.py) then check each column more tightly
 _MAX_INT = 10**9
@@ -78,6 +95,7 @@ class RowResult:
     predicted: float | None          # None when the row is not modelled (``note`` says why)
     unit: str
     note: str = ""
+    split: str = ""                  # the row's ``split`` column: reference / tuning / holdout
 
     @property
     def error(self) -> float | None:
@@ -87,7 +105,7 @@ class RowResult:
         return (self.predicted - self.published) / self.published
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "metric": self.metric, "kind": self.kind, "published": self.published,
+        return {"id": self.id, "metric": self.metric, "kind": self.kind, "split": self.split, "published": self.published,
                 "predicted": self.predicted, "unit": self.unit, "error_pct":
                 None if self.error is None else 100 * self.error, "note": self.note}
 
@@ -201,18 +219,20 @@ def _spec(row) -> ModelSpec | None:
 
 
 def _precision(text: str) -> str:
-    t = text.lower()
-    for needle, name in _PRECISIONS:
-        if needle in t:
-            return name
-    raise ConfigError(f"unknown precision label {text!r}")
+    return mem.precision_from_label(text or "bf16")
 
 
-def _sharding(row) -> str:
-    label = _text(row, "sharding").lower()
-    if label not in _SHARDINGS:
-        raise ConfigError(f"unknown sharding label {label!r}")
-    return _SHARDINGS[label]
+def _sharding(row) -> tuple[str, bool]:
+    from tensorpilot.layout import normalize_sharding_label
+
+    return normalize_sharding_label(_text(row, "sharding"))
+
+
+def _optimizer(row) -> str:
+    label = " ".join(_text(row, "optimizer").lower().replace("_", " ").split())
+    if label not in _OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {label!r}; known: {', '.join(sorted(set(_OPTIMIZERS.values())))}")
+    return _OPTIMIZERS[label]
 
 
 def _layout_setup(row, spec: ModelSpec):
@@ -222,15 +242,35 @@ def _layout_setup(row, spec: ModelSpec):
     sp = "sequence-parallel" in rec
     rec = rec.split("+")[0]
     conv = _text(row, "flops_convention").lower()
-    m = re.search(r"interleaved pipeline \((\d{1,6}) chunks\)", conv)
-    tp, pp, dp = _int(row, "tp", 1), _int(row, "pp", 1), _int(row, "dp", 1)
-    layout = Layout(tp=tp, pp=pp, dp=dp, sharding=_sharding(row), sequence_parallel=sp and tp > 1,
+    m = re.search(r"interleaved pipeline \((\d{1,6}) chunks\)|virtual pipeline (?:stages? )?(\d{1,6})", conv)
+    chunks = int(m.group(1) or m.group(2)) if m else 1
+    m = m if chunks > 1 else None
+    if not _text(row, "seq_len") and METRIC_KINDS.get(_text(row, "metric")) != "memory" or \
+            not _text(row, "seq_len") and _text(row, "metric") in ("peak_memory_per_gpu", "activation_memory_per_gpu",
+                                                                   "nvidia_smi_memory"):
+        raise ConfigError("the row gives no sequence length (seq_len), which its metric depends on")
+    if re.search(r"\bcp\s*=\s*([2-9]|\d\d+)", conv):
+        raise ConfigError("context parallelism (cp > 1) is not modelled by the planner")
+    tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
+    n_gpus = _int(row, "n_gpus", 0)
+    # a blank dp is what the devices leave: n_gpus / (tp x pp)
+    dp = _int(row, "dp", 0) or (n_gpus // (tp * pp) if n_gpus and n_gpus % (tp * pp) == 0 else 1)
+    sharding, hybrid = _sharding(row)
+    layout = Layout(tp=tp, pp=pp, dp=dp, sharding=sharding, sequence_parallel=sp and tp > 1,
                     micro_batch=_int(row, "micro_batch", 1), schedule="interleaved" if m else "1f1b",
-                    virtual_stages=int(m.group(1)) if m else 1, recompute=rec)
-    flash = any(s in _text(row, "source") for s in _FLASH_SOURCES)
+                    virtual_stages=chunks if m else 1, recompute=rec,
+                    shard_group=max(1, 8 // tp) if hybrid else 0)
+    flash = any(s in _text(row, "source").lower() for s in _FLASH_SOURCES) or "flash" in conv
+    tokens = _number(row, "tokens") if "tokens" in row else None
+    # a published global batch that dp x micro-batch does not divide (OPT: 1024 sequences on 124
+    # replicas) ran with uneven or dropped micro-batches: the nearest multiple is predicted
+    per = dp * layout.micro_batch
+    batch = _int(row, "global_batch", 1)
+    batch = max(per, round(batch / per) * per)
     setup = TrainSetup(seq_len=_int(row, "seq_len", spec.max_seq_len if spec else 2048),
-                       global_batch=_int(row, "global_batch", 1), precision=_precision(_text(row, "precision")),
-                       optimizer="adam", attention="flash" if flash else "materialized")
+                       global_batch=batch, precision=_precision(_text(row, "precision")),
+                       optimizer=_optimizer(row), attention="flash" if flash else "materialized",
+                       tokens=tokens if tokens and tokens > 0 else None)
     return layout, setup
 
 
@@ -244,7 +284,7 @@ def _new_result(row, index: int) -> RowResult:
     except ConfigError:
         published = None
     return RowResult(_text(row, "id") or f"row {index}", metric, METRIC_KINDS.get(metric, "other"),
-                     published if published and published > 0 else None, None, unit)
+                     published if published and published > 0 else None, None, unit, split=_text(row, "split"))
 
 
 def predict_row(row: dict[str, str], index: int = 1) -> RowResult:
@@ -279,17 +319,21 @@ def _predict(row, result: RowResult) -> float | None:
         n = spec.n_params if spec else params_b * 1e9
         return mem.weights_bytes(n, "fp32" if dtype == "tf32" else dtype) / scale
     if result.metric == "model_state_memory_per_gpu" and spec is None:
-        states = mem.model_state_bytes(params_b * 1e9, mem.precision(prec_name),
-                                       zero_stage=SHARDINGS[_sharding(row)], dp=_int(row, "dp", 1))
+        states = mem.model_state_bytes(params_b * 1e9, mem.precision(prec_name, _optimizer(row)),
+                                       zero_stage=SHARDINGS[_sharding(row)[0]], dp=_int(row, "dp", 1))
         return sum(states.values()) / scale
     if spec is None:
         raise ConfigError("the row has no model shape (hidden, layers, heads, vocab)")
+    if result.metric in TOTALS and not (_number(row, "tokens") if "tokens" in row else None):
+        raise ConfigError(f"metric {result.metric!r} needs the row's training tokens (column 'tokens')")
     layout, setup = _layout_setup(row, spec)
     gpu = _text(row, "gpu") or "any"
     acc = catalog.get(GPU_NAMES.get(gpu.lower(), gpu))
     plan = predict(spec, acc, layout, setup)
     if layout.n_devices != _int(row, "n_gpus", layout.n_devices):
         result.note = f"tp x pp x dp = {layout.n_devices} != n_gpus"
+    if setup.global_batch != _int(row, "global_batch", 1):
+        result.note = f"global batch {_int(row, 'global_batch', 1)} predicted as {setup.global_batch} (dp x micro-batch)"
     if "uncertain" in _text(row, "flops_convention"):
         result.note = "published value marked uncertain"
     states = ("params", "grads", "master_params", "optimizer")
@@ -298,7 +342,20 @@ def _predict(row, result: RowResult) -> float | None:
             "iteration_time": lambda: plan.step_time_s,
             "model_state_memory_per_gpu": lambda: sum(plan.memory_bytes[k] for k in states),
             "activation_memory_per_gpu": lambda: plan.memory_bytes["activations"],
-            "nvidia_smi_memory": lambda: plan.memory_bytes["total"]}[result.metric]() / scale
+            "nvidia_smi_memory": lambda: plan.memory_bytes["total"],
+            # what the framework's allocator reports (torch.cuda.max_memory_reserved): no CUDA context
+            "peak_memory_per_gpu": lambda: plan.memory_bytes["total"] - plan.memory_bytes["cuda_context"],
+            "mfu": lambda: plan.mfu,
+            "gpu_hours": lambda: plan.gpu_hours,
+            "time_to_train": lambda: plan.time_to_train_s,
+            "energy": lambda: _required(plan.energy_kwh, f"{acc.key} has no board power in the catalog"),
+            }[result.metric]() / scale
+
+
+def _required(value, why: str):
+    if value is None:
+        raise ConfigError(why)
+    return value
 
 
 def validate_rows(rows: list[dict[str, str]]) -> list[RowResult]:
@@ -307,13 +364,22 @@ def validate_rows(rows: list[dict[str, str]]) -> list[RowResult]:
 
 def summarize(results: list[RowResult]) -> dict[str, dict[str, float]]:
     """Median and max absolute relative error (fractions) and row count, per metric kind, over
-    the rows with a prediction."""
+    the rows with a prediction; "all" over every kind."""
     kinds: dict[str, list[float]] = {}
     for r in results:
+        if r.error is not None:
+            kinds.setdefault("all", []).append(abs(r.error))
         if r.error is not None:
             kinds.setdefault(r.kind, []).append(abs(r.error))
     return {k: {"median_abs_error": statistics.median(v), "max_abs_error": max(v), "rows": len(v)}
             for k, v in sorted(kinds.items())}
+
+
+def by_split(results: list[RowResult]) -> dict[str, dict]:
+    """Per ``split`` column value (reference / tuning / holdout): the summary and the counts."""
+    names = sorted({r.split for r in results if r.split})
+    return {n: {"summary": summarize([r for r in results if r.split == n]),
+                "counts": counts([r for r in results if r.split == n])} for n in names}
 
 
 def counts(results: list[RowResult]) -> dict[str, int]:

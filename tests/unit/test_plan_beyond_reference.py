@@ -1,0 +1,174 @@
+"""The planner beyond its reference file: label aliases, fp8, optimizer state, user hardware,
+hybrid sharding and totals -- each against hand arithmetic from the algorithms' definitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensorpilot.errors import ConfigError
+from tensorpilot.hardware import catalog
+from tensorpilot.plan import memory as mem
+from tensorpilot.plan.models import ModelSpec, get_model
+from tensorpilot.plan.predict import Layout, TrainSetup, predict
+
+
+@pytest.mark.parametrize("label,expected", [
+    ("fsdp(dp)", ("fsdp", False)), ("FSDP within data parallel", ("fsdp", False)), ("ZeRO-3", ("fsdp", False)),
+    ("zero stage 3", ("fsdp", False)), ("fully sharded", ("fsdp", False)), ("FULL_SHARD", ("fsdp", False)),
+    ("ZeRO-3 (FSDP)", ("fsdp", False)), ("HSDP", ("fsdp", True)), ("hybrid shard", ("fsdp", True)),
+    ("Distributed optimizer", ("zero1", False)), ("ZeRO-1", ("zero1", False)), ("SHARD_GRAD_OP", ("zero2", False)),
+    ("DDP (no sharding)", ("none", False)), ("", ("none", False)), ("NO_SHARD", ("none", False)),
+])
+def test_sharding_labels_normalise(label, expected):
+    from tensorpilot.layout import normalize_sharding_label
+
+    assert normalize_sharding_label(label) == expected
+
+
+@pytest.mark.parametrize("label,expected", [
+    ("fp16 mixed", "fp16"), ("FP16 mixed precision", "fp16"), ("AMP", "fp16-amp"), ("torch.autocast", "fp16-amp"),
+    ("fp16 mixed adamw", "fp16-amp"), ("bf16", "bf16-amp"), ("bf16-mixed", "bf16"), ("bf16-true", "bf16-pure"),
+    ("pure bf16", "bf16-pure"), ("FP8", "fp8"), ("fp8 (TE hybrid)", "fp8"), ("float8 rowwise", "fp8"),
+    ("MXFP8", "fp8"), ("fp32", "fp32"), ("TF32", "tf32"),
+])
+def test_precision_labels_normalise(label, expected):
+    assert mem.precision_from_label(label) == expected
+
+
+@pytest.mark.parametrize("label", ["zero-9", "quantum"])
+def test_unknown_sharding_label_is_one_sentence(label):
+    from tensorpilot.layout import normalize_sharding_label
+
+    with pytest.raises(ConfigError, match=f"unknown sharding label '{label}'"):
+        normalize_sharding_label(label)
+
+
+def test_an_unknown_label_is_the_rows_reason_not_the_files():
+    from tensorpilot.plan.validate import counts, validate_rows
+
+    base = {"id": "X-1", "model": "Llama 3 8B", "params_b": "8", "hidden": "4096", "layers": "32", "heads": "32",
+            "vocab": "128256", "ffn_hidden": "14336", "kv_heads": "8", "gpu": "H100-80GB", "n_gpus": "8", "tp": "1",
+            "pp": "1", "dp": "8", "seq_len": "8192", "global_batch": "16", "micro_batch": "2", "precision": "bf16",
+            "recompute": "none", "sharding": "fsdp(dp)", "metric": "tokens_per_s_per_gpu", "value": "6000",
+            "unit": "tokens/s/GPU", "flops_convention": "", "source": "test"}
+    rows = [base, {**base, "id": "X-2", "sharding": "ring-of-fire"}, {**base, "id": "X-3", "precision": "fp8"},
+            {**base, "id": "X-4", "optimizer": "adafactor"}, {**base, "id": "X-5", "flops_convention": "cp=2"}]
+    results = validate_rows(rows)
+    assert [r.predicted is not None for r in results] == [True, False, True, True, False]
+    assert "unknown sharding label 'ring-of-fire'" in results[1].note
+    assert "context parallelism" in results[4].note
+    assert counts(results) == {"rows": 5, "predicted": 3, "not_modelled": 2}
+    assert results[2].predicted > results[0].predicted          # fp8 GEMMs: more tokens/s than bf16
+
+
+# ------------------------------------------------------------------ optimizers
+
+def test_eight_bit_adamw_is_two_bytes_plus_block_scales():
+    # m and v in one byte each, one fp32 scale per 256-value block of each (torchao's block size)
+    assert mem.OPTIMIZER_STATE_BYTES["adamw8bit"] == pytest.approx(2 + 2 * 4 / 256)
+    assert mem.optimizer_state_bytes("adamw8bit", 1e9) == pytest.approx(2.03125e9)
+    assert mem.optimizer_state_bytes("adamw-bf16", 1e9) == 4e9       # m, v in bf16
+    assert mem.optimizer_state_bytes("adamw", 1e9) == 8e9
+
+
+def test_adafactor_factors_each_matrix_into_rows_plus_columns():
+    # one 1000 x 300 matrix and 500 vector parameters: (1000 + 300) + 500 fp32 values
+    n = 1000 * 300 + 500
+    assert mem.optimizer_state_bytes("adafactor", n, [(1000, 300, 1)]) == 4 * (1000 + 300 + 500)
+    # a spec's matrices: tiny GPT, h = 8, f = 32, 2 layers, vocab 10, untied head
+    spec = ModelSpec(name="t", hidden=8, layers=2, heads=2, vocab=10, ffn_hidden=32)
+    mats = spec.matrices()
+    in_mats = sum(r * c * k for r, c, k in mats)
+    hand = 2 * ((8 + 8) * 3 + (8 + 8) + (8 + 32) + (32 + 8)) + (10 + 8) + (8 + 10)   # q,k,v,o, up, down; emb; head
+    assert sum((r + c) * k for r, c, k in mats) == hand
+    assert mem.optimizer_state_bytes("adafactor", spec.n_params, mats) == 4 * (hand + spec.n_params - in_mats)
+
+
+def test_optimizer_state_reaches_the_plan():
+    spec, acc = get_model("llama3-8b"), catalog.get("h100-sxm")
+    lo = Layout(dp=8, sharding="zero1")
+    plans = {o: predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=16, optimizer=o))
+             for o in ("adamw", "adamw8bit", "adafactor")}
+    n = spec.n_params
+    assert plans["adamw"].memory_bytes["optimizer"] == pytest.approx(n * 8 / 8)
+    assert plans["adamw8bit"].memory_bytes["optimizer"] == pytest.approx(n * 2.03125 / 8)
+    assert plans["adafactor"].memory_bytes["optimizer"] == pytest.approx(
+        mem.optimizer_state_bytes("adafactor", n, spec.matrices()) / 8)
+    assert plans["adafactor"].step_time_s < plans["adamw"].step_time_s     # fewer state bytes streamed
+
+
+# ------------------------------------------------------------------ fp8
+
+def test_fp8_activation_bytes_by_hand():
+    spec = ModelSpec(name="t", hidden=64, layers=2, heads=4, vocab=100, ffn_hidden=256)
+    s, b = 16, 2
+    bf16 = mem.layer_activation_bytes(spec, seq_len=s, micro_batch=b, act_bytes=2)
+    fp8 = mem.layer_activation_bytes(spec, seq_len=s, micro_batch=b, act_bytes=2, gemm_input_bytes=1)
+    # GEMM inputs saved in one byte instead of two: QKV input h, MLP input h, attention output q, down input f
+    assert bf16 - fp8 == s * b * (64 + 64 + 64 + 256)
+
+
+def test_fp8_plan_memory_and_time():
+    spec, acc = get_model("llama3-8b"), catalog.get("h100-sxm")
+    lo = Layout(dp=8)
+    half = predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=16, precision="bf16"))
+    fp8 = predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=16, precision="fp8"))
+    # same states (bf16 weights and grads, fp32 master, Adam); plus fp8 weight + transpose per block parameter
+    for k in ("params", "grads", "master_params", "optimizer"):
+        assert fp8.memory_bytes[k] == half.memory_bytes[k]
+    assert fp8.memory_bytes["buffers"] - half.memory_bytes["buffers"] == pytest.approx(
+        2 * spec.layers * spec.layer_params)
+    assert fp8.time_breakdown_s["fp8_casts"] > 0
+    assert 1.1 < half.step_time_s / fp8.step_time_s < 2.0       # GEMMs at twice the peak, the rest bf16
+    with pytest.raises(ConfigError, match="no published fp8 peak"):
+        predict(spec, catalog.get("a100-sxm4-80gb"), lo, TrainSetup(seq_len=4096, global_batch=16, precision="fp8"))
+
+
+# ------------------------------------------------------------------ hybrid sharding, totals
+
+def test_hybrid_sharding_shards_within_the_node():
+    spec, acc = get_model("llama3-8b"), catalog.get("h100-sxm")
+    setup = TrainSetup(seq_len=4096, global_batch=32, precision="bf16")
+    full = predict(spec, acc, Layout(dp=32, sharding="fsdp"), setup)
+    hsdp = predict(spec, acc, Layout(dp=32, sharding="fsdp", shard_group=8), setup)
+    assert hsdp.memory_bytes["params"] == pytest.approx(spec.n_params * 2 / 8)
+    assert full.memory_bytes["params"] == pytest.approx(spec.n_params * 2 / 32)
+    assert hsdp.layout == "hsdp"
+
+
+def test_totals_follow_from_throughput():
+    spec, acc = get_model("llama3-8b"), catalog.get("h100-sxm")
+    p = predict(spec, acc, Layout(dp=8), TrainSetup(seq_len=4096, global_batch=16, tokens=1e12))
+    assert p.gpu_hours == pytest.approx(1e12 / p.tokens_per_s_per_device / 3600)
+    assert p.time_to_train_s == pytest.approx(1e12 / p.tokens_per_s)
+
+
+# ------------------------------------------------------------------ user hardware
+
+def test_variant_overrides_and_keeps_the_base_fractions():
+    h100 = catalog.get("h100-sxm")
+    v = catalog.variant(h100, memory_gb=96, tdp_w=500, peak_scale=0.9)
+    assert (v.mem_gb, v.tdp_w, v.base) == (96, 500, "h100-sxm")
+    assert v.bf16_tflops == pytest.approx(0.9 * h100.bf16_tflops)
+    with pytest.raises(ConfigError, match="--peak-scale"):
+        catalog.variant(h100, peak_scale=-1)
+
+
+def test_hardware_file_adds_parts(tmp_path, monkeypatch):
+    monkeypatch.setattr(catalog, "_OVERLAY", None)
+    f = tmp_path / "parts.toml"
+    f.write_text('[accelerator.h100-96gb-capped]\nbase = "h100-sxm"\nmem_gb = 96\ntdp_w = 500\n'
+                 'aliases = ["H100 96GB capped"]\n\n'
+                 '[accelerator.acme-npu]\nname = "Acme NPU"\nvendor = "Acme"\nyear = 2026\nsource = "Acme sheet"\n'
+                 'bf16_tflops = 400\nmem_gb = 64\nmem_bw_gb_per_s = 2000\n')
+    assert catalog.load_hardware_file(str(f)) == ["h100-96gb-capped", "acme-npu"]
+    v = catalog.get("H100 96GB capped")
+    assert (v.mem_gb, v.tdp_w, v.bf16_tflops, v.base) == (96, 500, catalog.get("h100-sxm").bf16_tflops, "h100-sxm")
+    assert catalog.get("acme npu").bf16_tflops == 400
+    bad = tmp_path / "bad.toml"
+    for text, needle in [("not = [toml", "is not TOML"), ("[accelerator.h100-sxm]\nmem_gb = 96\n", "reuses a catalog"),
+                         ("[accelerator.x]\nname = 'x'\n", "missing"), ("x = 1\n", "describes no part"),
+                         ("[accelerator.y]\nbase = 'z9000'\n", "unknown accelerator 'z9000'")]:
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=needle):
+            catalog.load_hardware_file(str(bad))
