@@ -9,7 +9,6 @@ import math
 from tensorpilot.errors import ConfigError, UsageError
 
 DEFAULT_GPU = "h100-sxm"
-GPUS_PER_NODE = 8      # hsdp's shard group: one 8-device node (calibration.GPUS_PER_NODE)
 
 
 def register(sub) -> dict[str, argparse.ArgumentParser]:
@@ -242,11 +241,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if gpus % (args.tp * args.pp):
         raise ConfigError(f"tp x pp = {args.tp * args.pp} does not divide --gpus {gpus}.")
     dp = args.dp or gpus // (args.tp * args.pp)
+    from tensorpilot.plan import calibration as cal
+
     hybrid = args.sharding == "hsdp"            # fsdp sharded over a node's devices, replicated across nodes
     layout = Layout(tp=args.tp, pp=args.pp, dp=dp, sharding="fsdp" if hybrid else args.sharding,
                     sequence_parallel=args.sequence_parallel, micro_batch=args.micro_batch, schedule=args.schedule,
                     virtual_stages=args.virtual_stages, recompute=args.recompute,
-                    shard_group=max(1, GPUS_PER_NODE // args.tp) if hybrid else 0)
+                    shard_group=max(1, cal.GPUS_PER_NODE // args.tp) if hybrid else 0)
     setup = _setup(args, spec, dp)
     check_layout(spec, layout, setup, n_devices=gpus)
     plan = predict(spec, acc, layout, setup)
@@ -361,9 +362,11 @@ def _cmd_deadline(args) -> int:
     if args.tokens is None:
         raise UsageError("--deadline needs --tokens (how many tokens to train).")
     deadline_s = parse_duration_s(args.deadline)
-    load_hardware(args)
-    accs = [accelerator(args)] if args.gpu is not None else \
-        list(catalog.all_accelerators().values())
+    if args.gpu is not None:
+        accs = [accelerator(args)]              # loads --hardware-file itself
+    else:
+        load_hardware(args)
+        accs = list(catalog.all_accelerators().values())
     if args.gpu is not None and args.price_per_hour is None and accs[0].price_usd_per_gpu_hour is None:
         raise UsageError(f"{accs[0].key} has no catalog price; pass --price-per-hour USD to size it for a deadline.")
     spec = _model(args)

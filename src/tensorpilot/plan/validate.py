@@ -40,6 +40,7 @@ from pathlib import Path
 
 from tensorpilot.errors import ConfigError, PathError
 from tensorpilot.files import existing_path, os_reason
+from tensorpilot.plan import calibration as cal
 from tensorpilot.plan import memory as mem
 from tensorpilot.plan.models import ModelSpec
 
@@ -259,7 +260,7 @@ def _layout_setup(row, spec: ModelSpec):
     layout = Layout(tp=tp, pp=pp, dp=dp, sharding=sharding, sequence_parallel=sp and tp > 1,
                     micro_batch=_int(row, "micro_batch", 1), schedule="interleaved" if m else "1f1b",
                     virtual_stages=chunks if m else 1, recompute=rec,
-                    shard_group=max(1, 8 // tp) if hybrid else 0)
+                    shard_group=max(1, cal.GPUS_PER_NODE // tp) if hybrid else 0)
     flash = any(s in _text(row, "source").lower() for s in _FLASH_SOURCES) or "flash" in conv
     tokens = _number(row, "tokens") if "tokens" in row else None
     # a published global batch that dp x micro-batch does not divide (OPT: 1024 sequences on 124
