@@ -84,7 +84,7 @@ def normalize_sharding_label(text: str) -> tuple[str, bool]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
-    """Degrees of each kind of parallelism (``dp * tp * pp`` devices) and how the step runs on
+    """Degrees of each kind of parallelism (``dp * tp * pp * cp`` devices) and how the step runs on
     them; ``name`` is the short form ('dp', 'fsdp x tp', ...)."""
 
     tp: int = 1                      # tensor-parallel ranks (inside a node)
@@ -97,20 +97,30 @@ class Layout:
     virtual_stages: int = 1          # model chunks per stage (interleaved schedule)
     recompute: str = "none"          # activation recomputation: none | selective | full
     shard_group: int = 0             # fsdp: ranks a shard group spans (HSDP: a node); 0 = all dp ranks
+    cp: int = 1                      # context-parallel ranks: each holds seq_len / cp tokens of every sequence
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", canonical_sharding(self.sharding))
+        if not isinstance(self.cp, int) or self.cp < 1:
+            raise ConfigError(f"cp must be a positive number of ranks, not {self.cp!r}.")
         if self.shard_group < 0:
             raise ConfigError(f"shard_group must be 0 (all dp ranks) or a positive rank count, not {self.shard_group}.")
 
     @property
+    def replicas(self) -> int:
+        """Ranks that hold the same weights and reduce their gradients together: dp x cp (the
+        context-parallel ranks of a sequence each compute a gradient of their chunk)."""
+        return self.dp * self.cp
+
+    @property
     def shard_degree(self) -> int:
-        """Ranks one copy of the sharded states is split over: dp, or the hybrid shard group."""
-        return min(self.shard_group, self.dp) if self.shard_group else self.dp
+        """Ranks one copy of the sharded states is split over: dp x cp, or the hybrid shard group
+        (torchtitan and Megatron shard over the data- and context-parallel ranks together)."""
+        return min(self.shard_group, self.replicas) if self.shard_group else self.replicas
 
     @property
     def n_devices(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
     world = n_devices                # the process count, as torch.distributed calls it
 
@@ -124,7 +134,7 @@ class Layout:
         if self.dp > 1 or (self.tp == 1 and self.pp == 1):
             parts.append("dp" if self.sharding == "none" else
                          "hsdp" if self.shard_degree < self.dp else self.sharding)
-        parts += [n for n, k in (("tp", self.tp), ("pp", self.pp)) if k > 1]
+        parts += [n for n, k in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp)) if k > 1]
         return " x ".join(parts)
 
     @property
@@ -132,12 +142,13 @@ class Layout:
         """The degrees in one word, for labels: 'dp2', 'fsdp2xtp2', 'pp2', 'single'."""
         data = {"none": "dp", "fsdp": "fsdp"}.get(self.sharding, f"{self.sharding}dp")
         parts = [f"{data}{self.dp}" if self.dp > 1 else "", f"tp{self.tp}" if self.tp > 1 else "",
-                 f"pp{self.pp}" if self.pp > 1 else ""]
+                 f"pp{self.pp}" if self.pp > 1 else "", f"cp{self.cp}" if self.cp > 1 else ""]
         return "x".join(p for p in parts if p) or "single"
 
     def describe(self) -> str:
         extra = " sp" if self.sequence_parallel else ""
         sched = f" {self.schedule}" + (f"/{self.virtual_stages}" if self.virtual_stages > 1 else "") \
             if self.pp > 1 else ""
-        return (f"tp={self.tp} pp={self.pp} dp={self.dp} {self.sharding}{extra} mb={self.micro_batch}"
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp}{cp} {self.sharding}{extra} mb={self.micro_batch}"
                 f" recompute={self.recompute}{sched}")

@@ -95,6 +95,9 @@ class Accelerator:
     unknown: frozenset[str] = frozenset()      # supported, but no figure published
     notes: str = ""
     base: str | None = None                    # the catalog part this one is a variant of (same silicon)
+    # devices that share the scale-up link (one NVLink / Infinity Fabric domain); None: a board
+    # of calibration.GPUS_PER_NODE. GB200/GB300 NVL72 racks: 72 GPUs on one NVLink switch fabric.
+    link_domain_gpus: int | None = None
 
     def peak_tflops(self, dtype: str) -> float | None:
         """Dense datasheet peak at ``dtype`` in 1e12 ops/s ('int8': integer ops), None if unpublished."""
@@ -116,6 +119,7 @@ _NUMBER_FIELDS = frozenset(f.name for f in fields(Accelerator)
 _TEXT_FIELDS = frozenset({"name", "vendor", "source", "internode_source", "price_date",
                           "price_source", "notes", "base"})
 _LIST_FIELDS = frozenset({"aliases", "uncertain", "unknown"})
+_INT_FIELDS = frozenset({"year", "link_domain_gpus"})
 _REQUIRED = ("name", "vendor", "year", "source")
 _KEY_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -141,7 +145,7 @@ def _build(raw: Mapping[str, Any]) -> tuple[Mapping[str, Accelerator], Mapping[s
         where = f"accelerators.toml [accelerator.{key}]"
         if not _KEY_RE.match(key):
             raise ValueError(f"{where}: key must be lower-case words joined by '-'")
-        extra = set(table) - _NUMBER_FIELDS - _TEXT_FIELDS - _LIST_FIELDS - {"year"}
+        extra = set(table) - _NUMBER_FIELDS - _TEXT_FIELDS - _LIST_FIELDS - _INT_FIELDS
         if extra:
             raise ValueError(f"{where}: unknown field(s) {sorted(extra)}")
         missing = [f for f in _REQUIRED if f not in table]
@@ -151,8 +155,9 @@ def _build(raw: Mapping[str, Any]) -> tuple[Mapping[str, Accelerator], Mapping[s
             v = table[f]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{where}: {f} must be a positive number, got {v!r} (leave it out if unknown)")
-        if not isinstance(table["year"], int) or isinstance(table["year"], bool):
-            raise ValueError(f"{where}: year must be an integer")
+        for f in _INT_FIELDS & set(table):
+            if not isinstance(table[f], int) or isinstance(table[f], bool) or table[f] <= 0:
+                raise ValueError(f"{where}: {f} must be a positive integer")
         for f in _LIST_FIELDS & set(table):
             if not isinstance(table[f], list) or not all(isinstance(x, str) for x in table[f]):
                 raise ValueError(f"{where}: {f} must be a list of strings")

@@ -48,7 +48,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     h.add_argument("--tp", type=int, default=1, metavar="N", help="Tensor-parallel ranks (default: 1).")
     h.add_argument("--pp", type=int, default=1, metavar="N", help="Pipeline stages (default: 1).")
     h.add_argument("--dp", type=int, default=None, metavar="N",
-                   help="Data-parallel replicas (default: gpus / (tp x pp)).")
+                   help="Data-parallel replicas (default: gpus / (tp x pp x cp)).")
+    h.add_argument("--cp", type=int, default=1, metavar="N",
+                   help="Context-parallel ranks: each holds seq_len / N tokens of every sequence and "
+                        "passes keys/values round a ring (long sequences; default: 1).")
     h.add_argument("--sharding", default="none", choices=["none", "zero1", "zero2", "zero3", "fsdp", "hsdp"],
                    help="Data-parallel sharding: none (DDP), ZeRO stage 1/2, zero3 = fsdp, hsdp = fsdp "
                         "inside each node and replicated across nodes (default: none).")
@@ -118,7 +121,7 @@ def _int_limits() -> dict[str, int]:
     """Upper bound of each integer option (limits.py gives the reasons)."""
     from tensorpilot.plan.limits import MAX_DEVICES, MAX_SEQ_LEN, MAX_SEQUENCES
 
-    return {"gpus": MAX_DEVICES, "tp": MAX_DEVICES, "pp": MAX_DEVICES, "dp": MAX_DEVICES,
+    return {"gpus": MAX_DEVICES, "tp": MAX_DEVICES, "pp": MAX_DEVICES, "dp": MAX_DEVICES, "cp": MAX_DEVICES,
             "micro_batch": MAX_SEQUENCES, "virtual_stages": MAX_DEVICES, "seq_len": MAX_SEQ_LEN,
             "global_batch": MAX_SEQUENCES, "top": MAX_SEQUENCES, "batch": MAX_SEQUENCES, "context": MAX_SEQ_LEN}
 
@@ -156,11 +159,11 @@ def _device_count(args) -> int:
 
     if args.gpus:
         return args.gpus
-    if not (args.dp or args.tp > 1 or args.pp > 1):
+    if not (args.dp or args.tp > 1 or args.pp > 1 or args.cp > 1):
         return 8
-    n = args.tp * args.pp * (args.dp or 1)
+    n = args.tp * args.pp * args.cp * (args.dp or 1)
     if n > MAX_DEVICES:
-        raise UsageError(f"--tp x --pp x --dp = {n:,} devices exceeds the planner's maximum of {MAX_DEVICES:,}.")
+        raise UsageError(f"--tp x --pp x --cp x --dp = {n:,} devices exceeds the planner's maximum of {MAX_DEVICES:,}.")
     return n
 
 
@@ -238,16 +241,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _cmd_search(args, spec, acc, gpus)
     from tensorpilot.plan.predict import Layout, check_layout, predict
 
-    if gpus % (args.tp * args.pp):
-        raise ConfigError(f"tp x pp = {args.tp * args.pp} does not divide --gpus {gpus}.")
-    dp = args.dp or gpus // (args.tp * args.pp)
+    if gpus % (args.tp * args.pp * args.cp):
+        raise ConfigError(f"tp x pp x cp = {args.tp * args.pp * args.cp} does not divide --gpus {gpus}.")
+    dp = args.dp or gpus // (args.tp * args.pp * args.cp)
     from tensorpilot.plan import calibration as cal
 
     hybrid = args.sharding == "hsdp"            # fsdp sharded over a node's devices, replicated across nodes
     layout = Layout(tp=args.tp, pp=args.pp, dp=dp, sharding="fsdp" if hybrid else args.sharding,
                     sequence_parallel=args.sequence_parallel, micro_batch=args.micro_batch, schedule=args.schedule,
                     virtual_stages=args.virtual_stages, recompute=args.recompute,
-                    shard_group=max(1, cal.GPUS_PER_NODE // args.tp) if hybrid else 0)
+                    shard_group=max(1, cal.GPUS_PER_NODE // args.tp) if hybrid else 0, cp=args.cp)
     setup = _setup(args, spec, dp)
     check_layout(spec, layout, setup, n_devices=gpus)
     plan = predict(spec, acc, layout, setup)

@@ -103,6 +103,9 @@ def precision_from_label(text: str) -> str:
     if key in PRECISION_LABELS or text.strip() in PRECISIONS:
         return PRECISION_LABELS.get(key, text.strip())
     low = " ".join(re.sub(r"[^a-z0-9]", " ", text.lower()).split())
+    # "fp16 weights + fp32 Adam state": an fp32 master, optimizer state or accumulation is part
+    # of every half recipe, not the compute dtype
+    low = re.sub(r"\bfp32 (master|adam|optimi[sz]er|states?|grad\w*|accumulation|copy|weights? copy)\b", "", low)
     for needle, name in _PRECISION_NEEDLES:
         if needle in low:
             return name

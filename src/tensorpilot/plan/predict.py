@@ -103,27 +103,28 @@ def device_rates(acc: Accelerator, compute_dtype: str) -> tm.DeviceRates:
                               * cal.mamf_fraction(cal.calibration_key(acc), "fp8"),
                               mem_bytes_per_s=half.mem_bytes_per_s, link_bytes_per_s=half.link_bytes_per_s,
                               internode_bytes_per_s=half.internode_bytes_per_s,
-                              attention_flops_per_s=half.attention_flops_per_s)
+                              attention_flops_per_s=half.attention_flops_per_s, gpus_per_node=half.gpus_per_node)
     link = (acc.link_gb_per_s or 32) * 1e9 / 2 * cal.LINK_BW_FRACTION          # both directions -> one
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION
     return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(cal.calibration_key(acc)),
                           mem_bytes_per_s=(acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.MEMORY_BW_FRACTION,
                           link_bytes_per_s=link, internode_bytes_per_s=net,
-                          attention_flops_per_s=sustained * cal.flash_attention_fraction(cal.calibration_key(acc)))
+                          attention_flops_per_s=sustained * cal.flash_attention_fraction(cal.calibration_key(acc)),
+                          gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE)
 
 
 def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: int | None = None) -> None:
     """Raise ConfigError (one sentence) for a layout that cannot run."""
     lo = layout
-    for name, high in (("tp", MAX_DEVICES), ("pp", MAX_DEVICES), ("dp", MAX_DEVICES),
+    for name, high in (("tp", MAX_DEVICES), ("pp", MAX_DEVICES), ("dp", MAX_DEVICES), ("cp", MAX_DEVICES),
                        ("micro_batch", MAX_SEQUENCES), ("virtual_stages", MAX_DEVICES)):
         check_count(name, getattr(lo, name), high)
     if lo.n_devices > MAX_DEVICES:
-        raise ConfigError(f"tp x pp x dp = {lo.n_devices:,} devices exceeds the planner's maximum of "
+        raise ConfigError(f"tp x pp x dp x cp = {lo.n_devices:,} devices exceeds the planner's maximum of "
                           f"{MAX_DEVICES:,}.")
     if n_devices is not None and lo.n_devices != n_devices:
-        raise ConfigError(f"tp x pp x dp = {lo.tp} x {lo.pp} x {lo.dp} = {lo.n_devices} does not equal "
+        raise ConfigError(f"tp x pp x dp x cp = {lo.tp} x {lo.pp} x {lo.dp} x {lo.cp} = {lo.n_devices} does not equal "
                           f"--gpus {n_devices}.")
     if spec.heads % lo.tp:
         raise ConfigError(f"tp={lo.tp} does not divide the {spec.heads} attention heads of {spec.name}.")
@@ -144,6 +145,9 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
         raise ConfigError(f"unknown pipeline schedule {lo.schedule!r}; use one of {', '.join(SCHEDULES)}.")
     if lo.recompute not in RECOMPUTE_MODES:
         raise ConfigError(f"unknown recompute {lo.recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}.")
+    if lo.cp > 1 and setup.seq_len % (2 * lo.cp):
+        raise ConfigError(f"context parallelism splits each sequence into 2 x cp = {2 * lo.cp} load-balanced chunks; "
+                          f"seq_len {setup.seq_len} is not a multiple of it.")
     if lo.sequence_parallel and lo.tp == 1:
         raise ConfigError("sequence parallelism needs tp > 1.")
     if setup.attention not in ("flash", "materialized"):
@@ -174,24 +178,29 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     head_rates = device_rates(acc, "bf16") if fp8 else rates     # the output layer stays bf16 (TE, NeMo)
     n_micro = s.global_batch // (lo.dp * lo.micro_batch)        # micro-batches per replica per step
     layers_stage = math.ceil(spec.layers / lo.pp)
+    seq_local = s.seq_len // lo.cp                              # tokens of each sequence on one rank
+    replicas = lo.replicas                                      # ranks reducing gradients together
 
     # ---- memory of the busiest device
     params_stage = _stage_params(spec, lo.pp) / lo.tp
     states = mem.model_state_bytes(params_stage, prec, zero_stage=lo.zero_stage, dp=lo.shard_degree)
     acts = mem.activation_bytes_per_device(
-        spec, seq_len=s.seq_len, micro_batch=lo.micro_batch, n_micro=n_micro, tp=lo.tp, pp=lo.pp,
+        spec, seq_len=seq_local, micro_batch=lo.micro_batch, n_micro=n_micro, tp=lo.tp, pp=lo.pp,
         sequence_parallel=lo.sequence_parallel, recompute=lo.recompute, attention=s.attention,
         act_bytes=e, schedule=lo.schedule, virtual_stages=lo.virtual_stages,
         gemm_input_bytes=prec.gemm_input_bytes)
     layer_param_bytes = spec.layer_params / lo.tp * DTYPE_COMPUTE_BYTES(prec)
     buffers = 0.0
-    if lo.zero_stage == 3:      # two gathered blocks (current + prefetch) and one unsharded block grad
-        buffers += 2 * layer_param_bytes + spec.layer_params / lo.tp * prec.grad_bytes
-    elif lo.dp > 1:             # DDP/ZeRO gradient buckets (25 MB default, two in flight)
+    # fsdp: two gathered blocks (current + prefetch) and one unsharded block grad; under a
+    # pipeline the stage's blocks stay gathered through the step (see dp_exposed)
+    gathered = layers_stage if lo.pp > 1 else 2
+    if lo.zero_stage == 3:
+        buffers += gathered * layer_param_bytes + spec.layer_params / lo.tp * prec.grad_bytes
+    elif replicas > 1:          # DDP/ZeRO gradient buckets (25 MB default, two in flight)
         buffers += 2 * 25 * 2**20
     # autocast keeps a half copy of each weight it used until forward ends (FSDP: of gathered
     # blocks); fp8 recipes cache the fp8 weight and its transpose of every block GEMM
-    copied_params = 2 * spec.layer_params / lo.tp if lo.zero_stage == 3 else \
+    copied_params = gathered * spec.layer_params / lo.tp if lo.zero_stage == 3 else \
         (layers_stage * spec.layer_params / lo.tp if fp8 else params_stage)
     buffers += prec.weight_copy_bytes * copied_params
     allocated = sum(states.values()) + acts["activations"] + acts["logits"] + buffers
@@ -203,12 +212,21 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     limit = device_bytes * (1 - cal.SAFETY_MARGIN_FRACTION)
 
     # ---- time of one micro-batch through the busiest stage
-    lt = tm.layer_times(spec, rates, seq_len=s.seq_len, micro_batch=lo.micro_batch, tp=lo.tp,
-                        sequence_parallel=lo.sequence_parallel, attention=s.attention, e=e)
+    lt = tm.layer_times(spec, rates, seq_len=seq_local, micro_batch=lo.micro_batch, tp=lo.tp,
+                        sequence_parallel=lo.sequence_parallel, attention=s.attention, e=e, kv_len=s.seq_len)
     recompute_s = {"none": 0.0, "selective": lt.attention_fwd_s, "full": lt.forward_s}[lo.recompute]
     n_tp_coll = 4 + (2 if lo.recompute == "full" else 0)
     tp_comm_s = n_tp_coll * lt.tp_comm_per_collective_s
-    tokens_micro = s.seq_len * lo.micro_batch
+    tokens_micro = seq_local * lo.micro_batch
+    # context parallelism: a ring passes every rank's keys and values round the cp group in
+    # cp - 1 steps, hidden behind the attention of the chunk in hand (Megatron-Core's and
+    # torchtitan's ring attention); backward passes them again with their gradients (2x)
+    cp_comm_s = 0.0
+    if lo.cp > 1:
+        bw, alpha = tm.group_link(rates, lo.cp, lo.tp)
+        kv_bytes = 2 * tokens_micro * spec.kv_dim / min(lo.tp, spec.n_kv_heads) * e     # K and V
+        ring = (lo.cp - 1) * (alpha + kv_bytes / bw)
+        cp_comm_s = max(0.0, ring - lt.attention_fwd_s) + max(0.0, 2 * ring - lt.attention_bwd_s)
     head_s = 0.0
     if spec.lm_head:            # output GEMM (fwd + 2 bwd) + fp32 loss traffic (~6 passes of 4 bytes)
         head_s = 3 * tm.gemm_time_s(tokens_micro, spec.hidden, math.ceil(spec.vocab / lo.tp), head_rates, e) \
@@ -223,41 +241,50 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                                     for g in layer_gemms(spec, tokens_micro, lo.tp)) / rates.mem_bytes_per_s
     fwd_s = layers_stage * lt.forward_s
     bwd_s = layers_stage * (lt.backward_s + recompute_s)
-    stage_micro_s = fwd_s + bwd_s + layers_stage * tp_comm_s + head_s + cast_s
+    stage_micro_s = fwd_s + bwd_s + layers_stage * (tp_comm_s + cp_comm_s) + head_s + cast_s
     if lo.pp > 1:               # activations sent forward and gradients back, Megatron's scatter/gather /t
-        bw, alpha = tm.group_link(rates, lo.pp, lo.tp * lo.dp)
+        bw, alpha = tm.group_link(rates, lo.pp, lo.tp * lo.cp * lo.dp)
         p2p = alpha + tokens_micro * spec.hidden * e / lo.tp / bw
         stage_micro_s += 2 * p2p * (lo.virtual_stages if lo.schedule == "interleaved" else 1)
 
     # ---- data-parallel / sharded communication (hybrid sharding: gathers and reduce-scatters
     # inside the shard group, then one all-reduce of each rank's gradient shard across groups)
     shard = lo.shard_degree
-    bw, alpha = tm.group_link(rates, shard if lo.zero_stage == 3 else lo.dp, lo.tp)
+    bw, alpha = tm.group_link(rates, shard if lo.zero_stage == 3 else replicas, lo.tp)
     grad_bytes = params_stage * (prec.grad_bytes if prec.grad_bytes <= 2 else 4)
     half_param_bytes = params_stage * DTYPE_COMPUTE_BYTES(prec)
     bwd_micro_s = bwd_s + head_s
     dp_exposed = 0.0
-    if lo.dp > 1:
+    if replicas > 1:
         if lo.zero_stage == 3:
             ag = tm.allgather_time_s(half_param_bytes, shard, bw, alpha)
             rs = tm.reducescatter_time_s(grad_bytes, shard, bw, alpha)
-            per_micro = (max(ag / layers_stage, ag - fwd_s)
-                         + max((ag + rs) / layers_stage, ag + rs - bwd_micro_s))
-            dp_exposed = n_micro * per_micro
-            if shard < lo.dp:
-                bw_r, alpha_r = tm.group_link(rates, lo.dp // shard, lo.tp * shard)
-                ar = tm.allreduce_time_s(grad_bytes / shard, lo.dp // shard, bw_r, alpha_r)
+            if lo.pp > 1:
+                # with a pipeline a stage's weights stay gathered from its first forward to its
+                # last backward (torchtitan's reshard_after_forward default under PP; Llama 3
+                # paper, section 3.3.2: "we do not reshard after forward computation"): one
+                # all-gather and one reduce-scatter a step, each behind a micro-batch of work
+                dp_exposed = max(ag / layers_stage, ag - fwd_s) + max(rs / layers_stage, rs - bwd_micro_s)
+            else:
+                # without one, each block is gathered before its forward and again before its
+                # backward (reshard_after_forward=True) and its gradient reduce-scattered, every
+                # micro-batch; each collective overlaps the neighbouring block's compute
+                dp_exposed = n_micro * (max(ag / layers_stage, ag - fwd_s)
+                                        + max((ag + rs) / layers_stage, ag + rs - bwd_micro_s))
+            if shard < replicas:
+                bw_r, alpha_r = tm.group_link(rates, replicas // shard, lo.tp * shard)
+                ar = tm.allreduce_time_s(grad_bytes / shard, replicas // shard, bw_r, alpha_r)
                 dp_exposed += max(ar / layers_stage, ar - bwd_micro_s)
         else:
             if lo.zero_stage == 2:     # reduce-scatter every micro-batch, overlapped with backward
-                rs = tm.reducescatter_time_s(grad_bytes, lo.dp, bw, alpha)
+                rs = tm.reducescatter_time_s(grad_bytes, replicas, bw, alpha)
                 dp_exposed = n_micro * max(rs / layers_stage, rs - bwd_micro_s)
             else:                      # one all-reduce (ZeRO-1: reduce-scatter) in the last backward
-                ar = tm.allreduce_time_s(grad_bytes, lo.dp, bw, alpha)
+                ar = tm.allreduce_time_s(grad_bytes, replicas, bw, alpha)
                 reduce = ar / 2 if lo.zero_stage == 1 else ar
                 dp_exposed = max(reduce / layers_stage, reduce - bwd_micro_s)
             if lo.zero_stage in (1, 2):  # updated weights gathered after the optimizer step
-                dp_exposed += tm.allgather_time_s(half_param_bytes, lo.dp, bw, alpha)
+                dp_exposed += tm.allgather_time_s(half_param_bytes, replicas, bw, alpha)
 
     # ---- optimizer: streams weights, grads, master and states once each way
     opt_params = params_stage / (shard if lo.zero_stage >= 1 else 1)
@@ -276,7 +303,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         "memory_bound": n_micro * (layers_stage * lt.elementwise_fwd_s * (3 + (lo.recompute == "full")) + head_s),
         "tp_comm": n_micro * layers_stage * tp_comm_s,
         "pipeline_bubble": pipe_s - n_micro * stage_micro_s,
-        "pp_comm": n_micro * (stage_micro_s - fwd_s - bwd_s - layers_stage * tp_comm_s - head_s - cast_s),
+        "pp_comm": n_micro * (stage_micro_s - fwd_s - bwd_s - layers_stage * (tp_comm_s + cp_comm_s) - head_s - cast_s),
+        "cp_comm": n_micro * layers_stage * cp_comm_s,
         "fp8_casts": n_micro * cast_s,
         "dp_comm_exposed": dp_exposed,
         "optimizer": optimizer_s,

@@ -116,19 +116,24 @@ def elementwise_bytes_per_token(spec: ModelSpec, *, tp: int, sequence_parallel: 
 
 
 def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batch: int, tp: int,
-                sequence_parallel: bool, attention: str, e: float) -> LayerTimes:
+                sequence_parallel: bool, attention: str, e: float, kv_len: int | None = None) -> LayerTimes:
+    """``seq_len``: the tokens of each sequence on this device; ``kv_len``: the keys each of
+    them attends over (context parallelism: seq_len / cp local queries against all seq_len keys,
+    chunks load-balanced so each rank gets 1/cp of the causal work)."""
+    kv_len = kv_len or seq_len
     tokens = seq_len * micro_batch
     gemm = sum(gemm_time_s(g.m, g.k, g.n, rates, e) for g in layer_gemms(spec, tokens, tp))
     if attention == "flash":
-        flops = attention_core_flops(spec, micro_batch, seq_len, "causal" if spec.causal else "full") / tp
+        flops = attention_core_flops(spec, micro_batch, kv_len, "causal" if spec.causal else "full") / tp \
+            * seq_len / kv_len
         att_f = max(flops / rates.attention_flops_per_s, cal.KERNEL_FLOOR_S)
         att_b = cal.FLASH_BACKWARD_RATIO * att_f
     else:
         # per head: (s, d) @ (d, s) scores and (s, s) @ (s, d) output, b a / t heads per device
         d, heads = spec.head_dim, micro_batch * spec.heads / tp
-        bmm = heads * (gemm_time_s(seq_len, d, seq_len, rates, e) + gemm_time_s(seq_len, seq_len, d, rates, e))
+        bmm = heads * (gemm_time_s(seq_len, d, kv_len, rates, e) + gemm_time_s(seq_len, kv_len, d, rates, e))
         # softmax reads/writes the scores (e each way); dropout reads, writes and masks them
-        score_bytes = heads * seq_len * seq_len * (2 * e + ((2 * e + 1) if spec.dropout else 0))
+        score_bytes = heads * seq_len * kv_len * (2 * e + ((2 * e + 1) if spec.dropout else 0))
         soft = score_bytes * cal.ELEMENTWISE_TRAFFIC_FACTOR / rates.mem_bytes_per_s
         att_f = bmm + soft
         att_b = 2 * bmm + 2 * soft

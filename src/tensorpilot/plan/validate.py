@@ -17,7 +17,7 @@ How a row becomes a prediction, with every rule stated (none is per row):
   torch.autocast; 'bf16' (torchtitan FSDP2 mixed precision) -> autocast-like; 'fp8' -> fp8
   GEMMs; 'fsdp(dp)', 'fully sharded', 'zero-3' -> fsdp; 'hsdp' -> fsdp within a node.
 - totals (gpu_hours, time_to_train, energy) need the row's training ``tokens``; a blank dp is
-  n_gpus / (tp x pp); context parallelism (cp=N in flops_convention) is not modelled.
+  n_gpus / (tp x pp x cp); context parallelism is read from 'cp=N' in flops_convention.
 - units: GB = 1e9 bytes (papers' arithmetic); MB = MiB, 2^20 bytes (what nvidia-smi, PyTorch
   and accelerate print under that name); GiB = 2^30; % for MFU; GPU-hours, s/min/h/days, kWh/MWh.
 - a blank micro_batch is 1; 'interleaved pipeline (N chunks)' in flops_convention selects the
@@ -71,6 +71,9 @@ GPU_NAMES = {"a100-80gb": "a100-sxm4-80gb", "a100 80gb": "a100-sxm4-80gb", "a100
 # (Transformer Engine's fused attention), the Llama 3 stack; the Megatron-LM papers of 2019-22,
 # Megatron-DeepSpeed (BLOOM, MT-NLG), metaseq (OPT) and the HF BERT guide materialise the scores
 _FLASH_SOURCES = ("llm-foundry", "torchtitan", "nemo", "megatron-bridge", "megatron-core", "llama 3 herd")
+# frameworks whose published recipes shard optimizer state over dp (Megatron's distributed
+# optimizer, use_distributed_optimizer=True) and turn on sequence parallelism with tp > 1
+_MEGATRON_RECIPE_SOURCES = ("nemo", "megatron-bridge")
 # optimizer column (blank: Adam) -> planner optimizer
 _OPTIMIZERS = {"": "adam", "adam": "adam", "adamw": "adamw", "sgd": "sgd", "sgd momentum": "sgd",
                "adafactor": "adafactor", "adamw8bit": "adamw8bit", "8-bit adamw": "adamw8bit", "adam8bit": "adamw8bit",
@@ -226,7 +229,9 @@ def _precision(text: str) -> str:
 def _sharding(row) -> tuple[str, bool]:
     from tensorpilot.layout import normalize_sharding_label
 
-    return normalize_sharding_label(_text(row, "sharding"))
+    text = _text(row, "sharding")
+    # "... (degrees not stated)": the row does not say; see _layout_stated
+    return ("none", False) if "not stated" in text.lower() else normalize_sharding_label(text)
 
 
 def _optimizer(row) -> str:
@@ -250,17 +255,22 @@ def _layout_setup(row, spec: ModelSpec):
             not _text(row, "seq_len") and _text(row, "metric") in ("peak_memory_per_gpu", "activation_memory_per_gpu",
                                                                    "nvidia_smi_memory"):
         raise ConfigError("the row gives no sequence length (seq_len), which its metric depends on")
-    if re.search(r"\bcp\s*=\s*([2-9]|\d\d+)", conv):
-        raise ConfigError("context parallelism (cp > 1) is not modelled by the planner")
+    m_cp = re.search(r"\bcp\s*=\s*(\d{1,6})\b", conv)
+    cp = max(1, int(m_cp.group(1))) if m_cp else 1
     tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
     n_gpus = _int(row, "n_gpus", 0)
-    # a blank dp is what the devices leave: n_gpus / (tp x pp)
-    dp = _int(row, "dp", 0) or (n_gpus // (tp * pp) if n_gpus and n_gpus % (tp * pp) == 0 else 1)
+    # a blank dp is what the devices leave: n_gpus / (tp x pp x cp)
+    dp = _int(row, "dp", 0) or (n_gpus // (tp * pp * cp) if n_gpus and n_gpus % (tp * pp * cp) == 0 else 1)
     sharding, hybrid = _sharding(row)
+    if any(k in _text(row, "source").lower() for k in _MEGATRON_RECIPE_SOURCES):
+        # NeMo / Megatron-Bridge recipes: Megatron's DDP with the distributed optimizer and
+        # sequence parallelism whenever tp > 1 (their llama/gpt recipe defaults)
+        sharding = "zero1" if sharding == "none" else sharding
+        sp = True
     layout = Layout(tp=tp, pp=pp, dp=dp, sharding=sharding, sequence_parallel=sp and tp > 1,
                     micro_batch=_int(row, "micro_batch", 1), schedule="interleaved" if m else "1f1b",
                     virtual_stages=chunks if m else 1, recompute=rec,
-                    shard_group=max(1, cal.GPUS_PER_NODE // tp) if hybrid else 0)
+                    shard_group=max(1, cal.GPUS_PER_NODE // tp) if hybrid else 0, cp=cp)
     flash = any(s in _text(row, "source").lower() for s in _FLASH_SOURCES) or "flash" in conv
     tokens = _number(row, "tokens") if "tokens" in row else None
     # a published global batch that dp x micro-batch does not divide (OPT: 1024 sequences on 124
@@ -299,6 +309,55 @@ def predict_row(row: dict[str, str], index: int = 1) -> RowResult:
     return result
 
 
+def _layout_stated(row) -> bool:
+    """Whether the row says how its devices were split (any of tp, pp, dp, micro-batch, sharding)."""
+    sharding = _text(row, "sharding").lower()
+    return any(_text(row, k) for k in ("tp", "pp", "dp", "micro_batch")) or bool(sharding) and "not stated" not in sharding
+
+
+def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
+    """A stated layout whose micro-batch or recomputation the row leaves blank: the fastest
+    completion that fits (runs were tuned). Micro-batches are the divisors of the per-replica
+    batch (no accumulation, when it fits, is what frameworks do by default; a pipeline wants
+    many small ones); recomputation none, selective or full. None fits: the first, which the
+    row then reports as not fitting."""
+    from dataclasses import replace
+
+    from tensorpilot.plan.predict import predict
+
+    per_replica = setup.global_batch // layout.dp
+    mbs = [layout.micro_batch] if _text(row, "micro_batch") else \
+        [mb for mb in range(1, per_replica + 1) if per_replica % mb == 0]
+    recs = [layout.recompute] if _text(row, "recompute") else ["none", "selective", "full"]
+    plans = [predict(spec, acc, replace(layout, micro_batch=mb, recompute=rec), setup) for mb in mbs for rec in recs]
+    # the run happened, so it fitted the device: the planner's safety margin (kept free for what
+    # no model predicts) is advice for new plans, not a bound on a published one
+    fitting = [p for p in plans if p.memory_bytes["total"] <= p.device_memory_bytes]
+    return min(fitting, key=lambda p: p.step_time_s) if fitting else plans[0]
+
+
+def _best_layout_plan(row, spec: ModelSpec, acc, setup):
+    """A row that does not say how its devices were split (model cards, papers' totals) is
+    predicted at the planner's best layout (``plan --search``): published runs were tuned, and a
+    wrong guess such as plain DDP of a 65B model would say more about the guess than the planner.
+    Without a device count, the smallest power of two on which the model fits with the row's
+    global batch (GPU-hours barely depend on the count while scaling stays near-linear)."""
+    from tensorpilot.plan.search import search
+
+    rec = _text(row, "recompute").lower().split("+")[0].split(" ")[0]
+    modes = (rec,) if rec in ("none", "selective", "full") else ("none", "selective", "full")
+    n = _int(row, "n_gpus", 0)
+    counts = [n] if n else [1 << i for i in range(15)]
+    for count in counts:
+        if setup.global_batch % min(count, setup.global_batch):
+            continue
+        found = search(spec, acc, count, setup, top=1, recompute_modes=modes).ranked
+        if found:
+            return found[0]
+    raise ConfigError(f"no layout of {spec.name} fits {acc.key} with a global batch of {setup.global_batch}"
+                      + (f" on {n:,} devices" if n else ""))
+
+
 def _predict(row, result: RowResult) -> float | None:
     from tensorpilot.hardware import catalog
     from tensorpilot.plan.predict import SHARDINGS, predict
@@ -330,9 +389,13 @@ def _predict(row, result: RowResult) -> float | None:
     layout, setup = _layout_setup(row, spec)
     gpu = _text(row, "gpu") or "any"
     acc = catalog.get(GPU_NAMES.get(gpu.lower(), gpu))
-    plan = predict(spec, acc, layout, setup)
-    if layout.n_devices != _int(row, "n_gpus", layout.n_devices):
-        result.note = f"tp x pp x dp = {layout.n_devices} != n_gpus"
+    if _layout_stated(row):
+        plan = _completed_plan(row, spec, acc, layout, setup)
+    else:
+        plan = _best_layout_plan(row, spec, acc, setup)
+        result.note = f"layout not stated: the planner's best on {plan.n_devices:,} devices ({plan.layout_detail.describe()})"
+    if layout.n_devices != _int(row, "n_gpus", layout.n_devices) and _layout_stated(row):
+        result.note = f"tp x pp x dp x cp = {layout.n_devices} != n_gpus"
     if setup.global_batch != _int(row, "global_batch", 1):
         result.note = f"global batch {_int(row, 'global_batch', 1)} predicted as {setup.global_batch} (dp x micro-batch)"
     if "uncertain" in _text(row, "flops_convention"):
