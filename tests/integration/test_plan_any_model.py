@@ -70,6 +70,9 @@ def test_plan_a_user_factory_end_to_end(models):
     (["--model", "usermodels:small"], ["bare nn.Module", "--input-shape"]),
     (["--model", "usermodels:small", "--input-shape", "0,3"], ["--input-shape", "positive integers"]),
     (["--model", "usermodels:small", "--input-shape", "12", "--loss", "nothing"], ["--loss", "ce, mse, sum"]),
+    (["--model", "usermodels:small", "--input-shape", "12", "--gpus", "16", "--sharding", "hsdp"],
+     ["--sharding hsdp", "data-parallel layouts only"]),
+    (["--model", "usermodels:small", "--input-shape", "12", "--cp", "2"], ["--cp 2", "data-parallel layouts only"]),
 ])
 def test_bad_input_is_one_sentence(models, args, words):
     proc = _plan(models, *args, check=False)

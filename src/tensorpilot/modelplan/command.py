@@ -103,6 +103,11 @@ def _cmd_traced(args) -> int:
     if args.search or args.deadline or args.inference:
         raise UsageError("--search, --deadline and --inference plan presets; a traced model is planned for one "
                          "layout: pass --gpus N and --sharding.")
+    split = [f"--{k} {getattr(args, k)}" for k in ("tp", "pp", "cp") if getattr(args, k, 1) > 1]
+    if split or args.sharding == "hsdp":
+        raise UsageError(f"{' '.join(split) or '--sharding hsdp'}: a traced model is planned on data-parallel "
+                         "layouts only (--gpus N with --sharding none, zero1, zero2 or fsdp); tensor, pipeline, "
+                         "context and hybrid layouts are planned for presets and config.json models.")
     name = args.model if args.hf_config is None else "hf:" + args.hf_config
     src = sources.load(name)
     batch = args.batch_size or DEFAULT_BATCH
