@@ -70,7 +70,11 @@ def cmd_hw(args: argparse.Namespace) -> int:
         log("measuring (matmul per dtype and size, memory copy, all-reduce) ...")
         sizes = {"sizes": [256, 512], "copy_bytes": 16 << 20, "allreduce_bytes": 4 << 20} if args.quick else {}
         result = pr.run_probe(devices, allreduce_nproc=args.allreduce_procs, log=log, **sizes)
+    from tensorpilot.observe import energy
+
     described = [report.describe(d, result) for d in devices]
+    for d in described:                         # how a run's energy is measured (or estimated) here
+        d["energy"] = energy.choose(energy.probe(d["device"])).describe()
     if args.json:
         print(json.dumps({"devices": described, "allreduce": result.allreduce if result else None,
                           "measured_at": result.measured_at if result else None}, indent=1))

@@ -44,6 +44,7 @@ MAX_SEED = 2**63 - 1              # torch.manual_seed takes a 64-bit integer
 MAX_EVAL_BATCHES = 1_000_000      # per evaluation; more would outlast any training run
 MAX_GRAD_ACCUM = 65_536           # micro-batches per step (published runs use up to a few hundred)
 MAX_DIM = 2**24                   # widths and lengths; the planner's bound (plan/limits.py)
+MAX_GRID_G_PER_KWH = 1e4          # g CO2/kWh; the dirtiest grids emit ~1,100 (the planner's bound, plan/limits.py)
 
 # the workloads a config names by themselves; each has its spec in tensorpilot.workloads.specs
 # (which checks at import that the two agree)
@@ -208,8 +209,14 @@ class TrainConfig:
     predict: bool = _f(True, "Trace the step before training and put the planner's step time and peak "
                        "memory beside the measured ones (summary.json 'predicted'); the measured ratios "
                        "refit this machine's planner calibration (`tensorpilot plan calibration`).")
+    grid_intensity: float | None = _f(None, "Carbon intensity of the electricity grid in g CO2 per kWh "
+                                      "(your region's figure, e.g. 400); summary.json then gives co2_g "
+                                      "for the run's energy (docs/energy.md).")
 
     def validate(self) -> None:
+        if self.grid_intensity is not None and not 0 <= self.grid_intensity <= MAX_GRID_G_PER_KWH:
+            raise ConfigError(f"train.grid_intensity must be from 0 to {MAX_GRID_G_PER_KWH:,.0f} g CO2 per "
+                              f"kWh, got {self.grid_intensity:g}.")
         if self.steps <= 0:
             raise ConfigError(f"train.steps must be a positive integer, got {self.steps}.")
         for key in ("eval_interval", "eval_batches", "log_interval", "max_bad_steps"):

@@ -20,6 +20,7 @@ ALIASES = {
     "--optimize": "engine.optimize", "--tune-budget": "engine.tune_budget",
     "--nproc": "parallel.nproc", "--nnodes": "parallel.nnodes", "--node-rank": "parallel.node_rank",
     "--rdzv-endpoint": "parallel.rdzv_endpoint", "--max-restarts": "parallel.max_restarts",
+    "--grid-intensity": "train.grid_intensity",
 }
 
 

@@ -102,6 +102,7 @@ def _g(value: float | None, scale: float = 1e12, unit: str = "TFLOP/s") -> str:
 
 
 def print_devices(console, devices: list[dict[str, Any]], probe: ProbeResult | None) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     for d in devices:
@@ -139,6 +140,8 @@ def print_devices(console, devices: list[dict[str, Any]], probe: ProbeResult | N
             console.print(f"  host->device: pageable {_g(h.get('pageable'), 1e12, 'TB/s')}, pinned {_g(h.get('pinned'), 1e12, 'TB/s')}")
         if d["kind"] == "cpu":
             console.print(f"  [dim]CPU peaks are estimates ({d['estimate_source']}); MFU uses the measured ceiling.[/]")
+        if d.get("energy"):                     # filled in by the caller (observe/energy.py)
+            console.print(f"  energy: {escape(d['energy']['how'])}")
     if probe is None:
         console.print("[dim]Nothing measured yet on this machine: `tensorpilot hw --probe` measures the ceilings.[/]")
     else:

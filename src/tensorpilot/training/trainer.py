@@ -35,6 +35,7 @@ from tensorpilot.errors import ConfigError, TensorpilotError, TrainingAborted, e
 from tensorpilot.files import writable_dir, write_atomic
 from tensorpilot.hardware.device import detect, resolve_device
 from tensorpilot.hardware.peak import device_peak, mfu
+from tensorpilot.observe import energy
 from tensorpilot.observe import memory as mem
 from tensorpilot.observe.flops import train_step_flops
 from tensorpilot.observe.logger import MetricsLogger
@@ -101,6 +102,7 @@ class Trainer:
         self.scaler: torch.amp.GradScaler | None = None
         self.batches = None
         self.metrics: MetricsLogger | NullLogger | None = None
+        self.energy: energy.EnergyMeter | None = None
         self._lock: rundir.RunLock | None = None
         self.step, self.samples_seen = 0, 0
         self.last_checkpoint: Path | None = None
@@ -127,6 +129,7 @@ class Trainer:
         say = self.console.print
         self.device = self.par.ctx.device or torch.device(resolve_device(cfg.train.device))
         self.caps = detect(str(self.device))
+        self.energy = energy.choose(energy.probe(str(self.device)))    # counter or labelled estimate
 
         # torchrun restarted the group after a failure: continue from this run's newest checkpoint
         resume = "latest" if _restarted_with_checkpoints(cfg.run_dir) else cfg.resume
@@ -259,6 +262,7 @@ class Trainer:
             + (f"; {len(self.frozen)} frozen tensors" if self.frozen else ""))
         if plan.attention:
             say(f"  attention: {escape(plan.reason('attention'))}")
+        say(f"  energy:    {escape(self.energy.how)}")
         if self.host_memory:
             say(f"  memory:    {escape(self.host_memory)}")
         if self.par.active:
@@ -528,6 +532,8 @@ class Trainer:
                 self.metrics.close()
             if self._lock is not None:
                 self._lock.release()
+            if self.energy is not None:
+                self.energy.close()
             if self.par is not None:
                 self.par.close()
         self.print_summary(summary)
@@ -551,7 +557,8 @@ class Trainer:
     def _loop(self, progress: TrainProgress) -> dict[str, Any]:
         cfg = self.cfg
         t_fit = time.perf_counter()
-        first_step, timed_s, timed_steps = self.step, 0.0, 0
+        self.energy.start()                             # energy_j: the loop, setup excluded
+        first_step, timed_s, timed_steps, timed_j = self.step, 0.0, 0, 0.0
         self._step_peak, self._step_ops = (None, None), []
         window: list[float] = []
         bad_streak, skipped = 0, 0
@@ -566,13 +573,15 @@ class Trainer:
         # to time others (the profiler slows it; it is not timed)
         profiled = first_step + 1 if self.prediction is not None and cfg.train.steps - first_step >= 4 else None
         while self.step < cfg.train.steps:
+            j0 = self.energy.read()
             t0 = time.perf_counter()
             loss, gnorm, applied = self._profiled_step() if self.step == profiled else self.train_step()
             dt = time.perf_counter() - t0
+            step_j = self.energy.read() - j0            # the step ends in a host sync (_update)
             self.step += 1
             self.samples_seen += self.plan.samples_per_step
             if self.step > first_step + 1 and self.step - 1 != profiled:   # the first pays warm-up/compile
-                timed_s, timed_steps = timed_s + dt, timed_steps + 1
+                timed_s, timed_steps, timed_j = timed_s + dt, timed_steps + 1, timed_j + step_j
                 self._maybe_compile(dt)
             if not self._attention_reported and self.attention.mode != "sdpa":
                 self._report_attention()
@@ -605,13 +614,15 @@ class Trainer:
             if stop:                                    # every rank stops here, at the same step
                 self._save(force=True)
                 name = signal.Signals(stop).name
-                summary = self._summary(t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped)
+                summary = self._summary(t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped,
+                                        timed_j)
                 summary["interrupted"] = name
                 self._write_summary(summary)
                 raise TrainingAborted(
                     f"interrupted by {name} at step {self.step}; checkpoint saved, continue with "
                     f"`tensorpilot train --resume {shlex.quote(str(self.run_dir))}`.", exit_code=130)
-        summary = self._summary(t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped)
+        summary = self._summary(t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped,
+                                timed_j)
         self._write_summary(summary)
         return summary
 
@@ -794,7 +805,8 @@ class Trainer:
         # byte-level language model: nats per byte / ln 2 = bits per byte
         return {"bpb": loss / LN2} if self.spec.bits_per_byte else {}
 
-    def _summary(self, t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped) -> dict[str, Any]:
+    def _summary(self, t_fit, timed_s, timed_steps, last_loss, last_val, initial_val, skipped,
+                 timed_j) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
         steps_per_s = timed_steps / timed_s if timed_steps else None
         samples_per_s = steps_per_s * plan.samples_per_step if steps_per_s else None
@@ -840,7 +852,42 @@ class Trainer:
                            "step_s": 1.0 / steps_per_s if steps_per_s else None}
         out["step_peak_memory_bytes"], out["step_peak_memory_method"] = self._step_peak
         out["predicted"] = self._prediction(1.0 / steps_per_s if steps_per_s else None) if self.par.is_main else None
+        out.update(self._energy_summary(timed_s, timed_steps, timed_j, out["predicted"]))
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+    def _energy_summary(self, timed_s: float, timed_steps: int, timed_j: float, predicted) -> dict[str, Any]:
+        """Energy of the loop and of its timed steps, summed over the run's processes (a collective
+        in a multi-process run, see energy.sum_over_processes); per sample and token over the timed
+        steps, like samples_per_s; CO2 of the whole loop at --grid-intensity. The planner's energy
+        per step goes into ``predicted["formula"]``, beside its step time, where it has one."""
+        loop_j, steps_j, source = self.energy.read(), timed_j, self.energy.source
+        if self.par.active:
+            (loop_j, steps_j), source = energy.sum_over_processes(
+                self.energy, [loop_j, steps_j], local_rank=self.par.ctx.local_rank, device=self.device)
+        finite = lambda x: x if x is not None and math.isfinite(x) else None  # noqa: E731
+        loop_j, steps_j = finite(loop_j), finite(steps_j)
+        samples = timed_steps * self.plan.samples_per_step
+        tokens = samples * (self.workload.tokens_per_sample or 0)
+        per_step = steps_j / timed_steps if steps_j is not None and timed_steps else None
+        grid = self.cfg.train.grid_intensity
+        formula = (predicted or {}).get("formula") or {}
+        if formula.get("power_w_per_device"):                        # the planner's figure beside ours
+            formula.update(energy.formula_prediction(formula["power_w_per_device"], formula["n_devices"],
+                                                     formula["step_time_s"], per_step) or {})
+        return {
+            "energy_j": loop_j, "energy_source": source, "energy_how": self.energy.how,
+            "energy_steps_j": steps_j, "energy_per_step_j": per_step,
+            "power_w": steps_j / timed_s if steps_j is not None and timed_s else None,
+            "joules_per_sample": steps_j / samples if steps_j is not None and samples else None,
+            "joules_per_token": steps_j / tokens if steps_j is not None and tokens else None,
+            "grid_intensity_g_per_kwh": grid,
+            "co2_g": energy.co2_grams(loop_j, grid) if loop_j is not None and grid is not None else None,
+            "energy_note": "energy_j and co2_g: the training loop of this invocation (evaluation, checkpoints "
+                           "and autotune trials included, setup not); energy_steps_j, energy_per_step_j, "
+                           "power_w, joules_per_sample/token: the timed steps, like samples_per_s"
+                           + (f"; summed over the run's {self.plan.layout.world} processes (a machine-wide "
+                              "counter once per host)" if self.par.active else ""),
+        }
 
     def _predict(self, sample) -> predicted.RunPrediction:
         """The traced plan of this run's step, made before anything is wrapped (see predicted.py)."""
@@ -902,7 +949,8 @@ class Trainer:
                 p = local_plan(*planned, local_accelerator(self.caps), layout=self.plan.layout,
                                global_batch=self.plan.samples_per_step, precision=self.plan.precision)
                 out["formula"] = {"step_time_s": p.step_time_s, "memory_bytes": p.memory_bytes["total"],
-                                  "hardware": p.hardware, "layout": p.layout}
+                                  "hardware": p.hardware, "layout": p.layout, "n_devices": p.n_devices,
+                                  "power_w_per_device": p.power_w_per_device}
             except TensorpilotError as exc:
                 out["formula"] = {"error": str(exc)}
         return out
@@ -911,6 +959,26 @@ class Trainer:
         if not self.par.is_main:
             return
         write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=1), "summary")
+
+    @staticmethod
+    def _energy_line(s: dict[str, Any]) -> str:
+        """'41.2 J (estimate); 6.0 W over the timed steps, 1.9 mJ/token; 0.005 g CO2 at 400 g/kWh'."""
+        if s["energy_j"] is None:
+            return f"n/a ({s['energy_source']})"
+        j = energy.format_joules
+        text = f"{j(s['energy_j'])} ({s['energy_source']})"
+        if s["power_w"] is not None:
+            per = (f"{j(s['joules_per_token'])}/token" if s["joules_per_token"] is not None
+                   else f"{j(s['joules_per_sample'])}/sample")
+            text += f"; {s['power_w']:,.1f} W over the timed steps, {per}"
+        if s["co2_g"] is not None:
+            text += f"; {s['co2_g']:.3g} g CO2 at {s['grid_intensity_g_per_kwh']:g} g/kWh"
+        formula = (s.get("predicted") or {}).get("formula") or {}
+        if formula.get("energy_per_step_j") and s["energy_per_step_j"] is not None:
+            text += (f"; per step {j(s['energy_per_step_j'])} measured, {j(formula['energy_per_step_j'])} "
+                     f"predicted (formula planner on {formula['hardware']}; measured / predicted "
+                     f"{formula['energy_measured_over_predicted']:.2f})")
+        return text
 
     def print_summary(self, s: dict[str, Any]) -> None:
         t = Table(title="tensorpilot train: summary", show_header=False, title_justify="left")
@@ -948,6 +1016,9 @@ class Trainer:
                 + (f" (measured / predicted {pred['memory_measured_over_predicted']:.2f})" if measured else "")))
         elif pred.get("error"):
             t.add_row("prediction", escape(pred["error"]))
+        if s.get("energy_source"):
+            t.add_row("energy", escape(self._energy_line(s)))
+            t.add_row("energy source", escape(s["energy_how"]))
         t.add_row("time", f"{s['wall_s']:.1f} s wall ({s['setup_s']:.1f} s setup)")
         t.add_row("run directory", f"{s['run_dir']} (summary.json, metrics.jsonl, tensorboard/, checkpoints/)")
         self.console.print(t)
