@@ -26,6 +26,13 @@ def train(model=None, data=None, loss_fn: Callable | None = None, *, val_data=No
     >>> tensorpilot.train(torch.nn.Linear(8, 2), data, overrides={"train.steps": 20})
     """
     from tensorpilot.training.trainer import Trainer
+
+    cfg, workload = _run(model, data, loss_fn, val_data, config, tokens_per_sample, overrides, "train")
+    return Trainer(cfg, workload, console=console).fit()
+
+
+def _run(model, data, loss_fn, val_data, config, tokens_per_sample, overrides, verb: str):
+    """(RunConfig, Workload or None) of a train()/profile() call."""
     from tensorpilot.workloads.base import Workload
 
     # the caller's config is theirs: the run works on a copy (RunConfig is never changed by a run)
@@ -37,13 +44,41 @@ def train(model=None, data=None, loss_fn: Callable | None = None, *, val_data=No
         workload = model
     elif model is not None:
         if data is None:
-            raise ConfigError("train(model, data): give the training data with the model.")
+            raise ConfigError(f"{verb}(model, data): give the training data with the model.")
         workload = Workload(model=model, train_data=data, val_data=val_data, loss_fn=loss_fn,
                             tokens_per_sample=tokens_per_sample)
     if workload is not None and ":" not in cfg.model.name:
         # name the user's model in summaries and checkpoints, e.g. "python:MyNet"
         cfg.model.name = f"python:{type(workload.model).__name__}"
-    return Trainer(cfg, workload, console=console).fit()
+    return cfg.validate(), workload
+
+
+def profile(model=None, data=None, loss_fn: Callable | None = None, *, config: RunConfig | None = None,
+            overrides: dict[str, Any] | None = None, steps: int = 5, warmup: int = 3, out: str | Path = "profile",
+            apply: bool = False, top_k: int = 10, tokens_per_sample: int | None = None,
+            console=None) -> dict[str, Any]:
+    """Profile the run ``train`` would do with the same arguments and return the diagnosis (also
+    written to ``<out>/profile.json``, with ``trace.json.gz`` and ``profile.png``): the step's
+    ``breakdown`` (category -> seconds and share), ``roofline``, top ``modules`` and ranked
+    ``findings`` [{kind, share_of_step, evidence, fix, flag, setting}]; with ``apply=True`` also
+    ``apply``: the step time before and after the top finding's setting. See docs/profile.md.
+
+    >>> import torch, tensorpilot                                           # doctest: +SKIP
+    >>> data = torch.utils.data.TensorDataset(torch.randn(512, 8), torch.randint(0, 2, (512,)))
+    >>> tensorpilot.profile(torch.nn.Linear(8, 2), data, out="prof")["findings"]
+    """
+    from tensorpilot.profiling.run import ProfileOptions
+    from tensorpilot.profiling.run import profile as run_profile
+
+    if not 0 < steps <= 1000 or warmup < 0:
+        raise ConfigError(f"profile(steps=...) must be from 1 to 1000 and warmup >= 0, got {steps} and {warmup}.")
+    cfg, workload = _run(model, data, loss_fn, None, config, tokens_per_sample, overrides, "profile")
+    if console is None:
+        from rich.console import Console
+
+        console = Console(quiet=True)
+    return run_profile(cfg, workload, ProfileOptions(steps=steps, warmup=warmup, out=str(out), top_k=top_k,
+                                                     apply=apply), console)
 
 
 def generate(run: str | Path, prompt: str = "", max_new_tokens: int = 200, temperature: float = 0.8,

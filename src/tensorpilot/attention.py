@@ -19,7 +19,9 @@ GPUs the fused kernels win. Measuring per shape gets each case right without a r
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -120,6 +122,10 @@ def _key(a: dict, grad: bool) -> tuple:
             float(a["dropout_p"]) > 0, grad)
 
 
+def _keep(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 def _time_call(fn, q, k, v, grad: bool, reps: int = 2) -> float:
     """Seconds of one call of ``fn`` (forward, and backward when training), best of ``reps``
     after a warm-up, on fresh leaves so the model's graph is untouched."""
@@ -139,6 +145,18 @@ def _time_call(fn, q, k, v, grad: bool, reps: int = 2) -> float:
     return best
 
 
+_entered = threading.local()         # .routers: the FastAttention modes entered in this thread
+
+
+def recompute_context():
+    """``context_fn`` of ``torch.utils.checkpoint``: the forward runs as it is; the recomputation
+    in backward, which autograd runs outside any torch function mode, re-enters the router the
+    forward ran under, so both take the same attention path (checkpoint checks that they save the
+    same tensors)."""
+    routers = getattr(_entered, "routers", None)
+    return contextlib.nullcontext(), (routers[-1] if routers else contextlib.nullcontext())
+
+
 class FastAttention(TorchFunctionMode):
     """Routes SDPA calls to the faster correct implementation (see the module docstring).
     ``mode``: "auto" (measure per shape), "blocked" (blocked wherever it applies) or "sdpa"
@@ -152,6 +170,16 @@ class FastAttention(TorchFunctionMode):
         self.mode = mode
         self.decisions: dict[tuple, Decision] = {}
         self.fallbacks = 0
+
+    def __enter__(self):
+        if not hasattr(_entered, "routers"):
+            _entered.routers = []
+        _entered.routers.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _entered.routers.pop()
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -170,18 +198,27 @@ class FastAttention(TorchFunctionMode):
         d.calls += 1
         if d.impl == "sdpa":
             return func(*args, **kwargs)
-        return blocked_attention(q, k, v, a["dropout_p"], bool(a["is_causal"]), a["scale"])
+        if torch.compiler.is_compiling():
+            return blocked_attention(q, k, v, a["dropout_p"], bool(a["is_causal"]), a["scale"])
+        # a profiler sees plain matmuls and a softmax here: the marker names them attention
+        # (tensorpilot profile); ~1 us per call when no profiler runs
+        with torch.profiler.record_function("tensorpilot.attention"):
+            return blocked_attention(q, k, v, a["dropout_p"], bool(a["is_causal"]), a["scale"])
 
     def _decide(self, a: dict, grad: bool) -> Decision:
         if self.mode == "blocked" or torch.compiler.is_compiling():
             # while compiling nothing can be timed: blocked fuses well under inductor
             return Decision("blocked", None, None)
         causal, scale = bool(a["is_causal"]), a["scale"]
-        # timed without dropout: both paths then compute the same thing at the same cost
-        blocked = _time_call(lambda q, k, v: blocked_attention(q, k, v, 0.0, causal, scale),
-                             a["query"], a["key"], a["value"], grad)
-        sdpa = _time_call(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
-                          a["query"], a["key"], a["value"], grad)
+        # timed without dropout: both paths then compute the same thing at the same cost. The
+        # innermost saved-tensor hooks apply: plain ones keep the trial calls out of an enclosing
+        # activation-checkpoint region, whose recomputation (decision cached, no trials) would
+        # otherwise save fewer tensors than its forward did and fail checkpoint's check.
+        with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+            blocked = _time_call(lambda q, k, v: blocked_attention(q, k, v, 0.0, causal, scale),
+                                 a["query"], a["key"], a["value"], grad)
+            sdpa = _time_call(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
+                              a["query"], a["key"], a["value"], grad)
         return Decision("blocked" if blocked < sdpa else "sdpa", blocked * 1e3, sdpa * 1e3)
 
     def report(self) -> list[dict]:

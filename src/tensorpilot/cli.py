@@ -21,6 +21,7 @@ COMPONENT_COMMANDS = (
     "tensorpilot.serve.command",
     "tensorpilot.launch.command",
     "tensorpilot.modelplan.command",
+    "tensorpilot.profiling.command",
 )
 
 def cmd_train(args: argparse.Namespace) -> int:

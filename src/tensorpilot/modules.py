@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from tensorpilot.attention import recompute_context
+
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     """The repeated units of a model -- a transformer's layers, a ResNet's residual blocks --
@@ -74,8 +76,15 @@ def checkpoint_blocks(blocks: list[nn.Module]) -> int:
     """Wrap each block's bound forward (not the module, so parameter names stay unchanged) in
     non-reentrant ``torch.utils.checkpoint``; returns how many were wrapped."""
     for block in blocks:
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+        block.forward = functools.partial(_checkpointed, block.forward)
     return len(blocks)
+
+
+def _checkpointed(forward, *args, **kwargs):
+    if torch.compiler.is_compiling():      # the compiled region replays its own traced forward
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    # eager: the recomputation takes the attention path the forward took (tensorpilot.attention)
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=recompute_context, **kwargs)
 
 
 def remove_activation_checkpointing(model: nn.Module) -> None:

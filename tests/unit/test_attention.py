@@ -127,6 +127,32 @@ def test_auto_mode_times_both_kernels_once_per_shape_and_keeps_results_equal():
     assert len(mode.decisions) == 2
 
 
+def test_auto_mode_decides_inside_an_activation_checkpoint_region():
+    """Checkpoint's recomputation in backward takes the path its forward took (autograd runs it
+    outside the mode: modules.checkpoint_blocks re-enters the router), and the first call of a
+    shape, timed inside checkpoint's forward, keeps its trial calls out of the region's saved
+    tensors. Either slip fails checkpoint's check (CheckpointError)."""
+    from tensorpilot.modules import checkpoint_blocks
+
+    torch.manual_seed(0)
+    model = UserAttention()
+    x = torch.randn(2, 24, 32)
+    ref_out, ref_grads = run(model, x, None)
+    assert checkpoint_blocks([model]) == 1
+    for impl in ("auto", "blocked"):
+        mode = FastAttention(impl)
+        model.zero_grad(set_to_none=True)
+        with mode:                                   # as the trainer does: backward outside the mode
+            out = model(x)
+        out.pow(2).sum().backward()
+        grads = [p.grad for p in model.parameters()]
+        [d] = mode.decisions.values()
+        assert d.calls == 2                          # the forward and its recomputation
+        torch.testing.assert_close(out.detach(), ref_out, rtol=2e-5, atol=2e-5)
+        for a, b in zip(grads, ref_grads):
+            torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("case", ["bool mask", "float mask", "gqa", "cross lengths"])
 def test_calls_it_does_not_handle_go_to_sdpa_untouched(case):
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ LAYERS = [
     {"modules", "observe"},                                # model surgery, measurements
     {"parallel", "modelplan"},                             # process groups, parallelize; any model planned
     {"training"},                                          # the trainer, checkpoints, autotune
-    {"api", "trainargs", "serve", "launch"},               # entry points
+    {"api", "trainargs", "serve", "launch", "profiling", "bench"},  # entry points
     {"cli", "__main__", "__init__"},                       # the command line and the facade
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}

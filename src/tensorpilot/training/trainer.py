@@ -528,16 +528,22 @@ class Trainer:
             if progress is not None:
                 progress.close()
             self._restore_signal_handlers(previous)
-            if self.metrics is not None:
-                self.metrics.close()
-            if self._lock is not None:
-                self._lock.release()
-            if self.energy is not None:
-                self.energy.close()
-            if self.par is not None:
-                self.par.close()
+            self.close()
         self.print_summary(summary)
         return summary
+
+    def close(self) -> None:
+        """Release what ``setup`` acquired (metrics files, the run directory's lock, the process
+        group, the energy meter); ``fit`` calls it on its way out, a caller that drives
+        ``train_step`` itself (tensorpilot profile) when done."""
+        if self.metrics is not None:
+            self.metrics.close()
+        if self._lock is not None:
+            self._lock.release()
+        if self.energy is not None:
+            self.energy.close()
+        if self.par is not None:
+            self.par.close()
 
     def _explain(self, exc: RuntimeError) -> BaseException:
         """A RuntimeError a user can cause, as one sentence; anything else unchanged (a bug)."""
