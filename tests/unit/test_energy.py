@@ -246,6 +246,32 @@ def test_co2_and_formula_prediction_by_hand():
     assert energy.formula_prediction(None, 1, 0.1, 5.0) is None           # no TDP (a CPU)
 
 
+def test_traced_plan_energy_uses_the_formula_planners_power_model_by_hand():
+    """Any model's plan on a catalogued GPU gets board power and energy per step; CPUs none."""
+    from tensorpilot.hardware import catalog
+    from tensorpilot.modelplan.predict import ModelPlan
+    from tensorpilot.plan import calibration as cal
+
+    h100 = catalog.get("h100-sxm")
+    plan = ModelPlan(model="m", hardware="h100-sxm", n_devices=2, sharding="none", batch_size=8, precision="bf16",
+                     optimizer="adamw", params=1, trainable_params=1, memory_bytes={"total": 1.0}, memory_method="",
+                     memory_accounting={}, memory_limit_bytes=None, device_memory_bytes=None, fits=None,
+                     step_time_s=0.5, time_breakdown_s={}, model_flops_per_step=2 * 0.5 * 0.25 * 989e12,
+                     samples_per_s=1.0, tokens_per_s=None, mfu=None, peak_flops_per_s=None, peak_source="",
+                     calibration={})
+    # per device: 0.25 x 989 TFLOP/s for 0.5 s = HFU 0.25 of the dense bf16 peak
+    plan.with_power(h100, "bf16")
+    busy = 0.25 / (cal.mamf_fraction("h100-sxm", "bf16") * cal.SUSTAINED_COMPUTE_FRACTION)
+    watts = h100.tdp_w * (cal.IDLE_POWER_FRACTION + (1 - cal.IDLE_POWER_FRACTION) * min(1.0, busy))
+    assert h100.peak_flops_per_s("bf16") == pytest.approx(989e12, rel=0.01)
+    assert plan.power_w_per_device == pytest.approx(watts, rel=0.01)
+    assert plan.energy_per_step_j == pytest.approx(watts * 2 * 0.5, rel=0.01)     # W x devices x s
+    assert watts <= h100.tdp_w
+    cpu = catalog.Accelerator(key="local-cpu", name="cpu", vendor="local", year=0, source="", tdp_w=None)
+    plan.power_w_per_device = plan.energy_per_step_j = None
+    assert plan.with_power(cpu, "fp32").energy_per_step_j is None
+
+
 def test_format_joules():
     assert [energy.format_joules(x) for x in (1234.5, 2.5, 0.0042, 9.8e-5, 0.0)] == \
         ["1.23 kJ", "2.5 J", "4.2 mJ", "98 uJ", "0 J"]

@@ -165,6 +165,9 @@ def _print(plan, top: int) -> None:
     tt.add_row("model FLOPs", f"{plan.model_flops_per_step / 1e9:,.2f} GFLOP per step")
     if plan.mfu is not None:
         tt.add_row("MFU", escape(f"{plan.mfu:.1%} of {plan.peak_source}"))
+    if plan.energy_per_step_j is not None:
+        tt.add_row("energy", f"{plan.energy_per_step_j:,.2f} J per step at {plan.power_w_per_device:,.0f} W per device "
+                   "(TDP x utilisation, the formula planner's power model)")
     cal = ", ".join(f"{k} x{v:.2f}" for k, v in plan.calibration.items() if abs(v - 1) > 1e-9)
     tt.add_row("calibration", cal or "none (no runs on this machine yet, or --no-calibration)")
     con.print(tt)

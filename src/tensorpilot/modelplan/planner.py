@@ -115,13 +115,15 @@ def plan_local(trace: StepTrace, source: ModelSource | None, *, batch_size: int,
     link = None
     if n_devices > 1:
         link = device_rates(local_accelerator(caps), "fp32").link_bytes_per_s
-    return predict_step(trace, dc, model=name or source.name, batch_size=batch_size, precision=precision,
+    plan = predict_step(trace, dc, model=name or source.name, batch_size=batch_size, precision=precision,
                         optimizer=optimizer, factors=factors, n_devices=n_devices, sharding=sharding,
                         link_bytes_per_s=link, device_memory_bytes=caps.memory_bytes or None,
                         peak_flops_per_s=basis, peak_source=source_name, grad_accum=grad_accum,
                         cpu_buffers=caps.kind == "cpu",
                         tokens_per_sample=tokens_per_sample or (source.tokens_per_sample if source else None), top=top,
                         module_types=module_types or (trace_types(source.model) if source else None))
+    # a catalogued GPU has a TDP for the power model; a CPU's is not in the catalog
+    return plan.with_power(local_accelerator(caps), compute_key) if caps.kind != "cpu" else plan
 
 
 def plan_catalog(trace: StepTrace, source: ModelSource, acc: Any, *, batch_size: int, precision: str,
@@ -140,12 +142,13 @@ def plan_catalog(trace: StepTrace, source: ModelSource, acc: Any, *, batch_size:
     dc = catalog_costs(acc)
     if precision == "tf32":
         dc.compute_flops_per_s["fp32"] = dc.compute_flops_per_s.get("tf32", dc.compute_flops_per_s.get("fp32", 0))
-    return predict_step(trace, dc, model=source.name, batch_size=batch_size, precision=precision,
+    plan = predict_step(trace, dc, model=source.name, batch_size=batch_size, precision=precision,
                         optimizer=optimizer, n_devices=n_devices, sharding=sharding,
                         link_bytes_per_s=rates.link_bytes_per_s, alpha_s=5e-6,
                         device_memory_bytes=(acc.mem_gb or 0) * 1e9 or None, peak_flops_per_s=peak,
                         peak_source=f"{acc.key} datasheet {key} peak", tokens_per_sample=source.tokens_per_sample,
                         top=top, module_types=trace_types(source.model))
+    return plan.with_power(acc, key)
 
 
 def measure_step(source: ModelSource, *, batch_size: int, precision: str = "fp32", optimizer: str = "adamw",

@@ -54,6 +54,21 @@ class ModelPlan:
     modules: list[dict[str, Any]] = field(default_factory=list)
     ops: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    power_w_per_device: float | None = None   # board power at this step's utilisation (catalogued TDP)
+    energy_per_step_j: float | None = None    # power x devices x step time
+
+    def with_power(self, acc: Any, compute_dtype: str) -> ModelPlan:
+        """The plan with its board power and energy per step on the catalogued ``acc``
+        (plan.predict.board_power_w: the formula planner's power model); unchanged without a TDP.
+        The traced FLOPs are the ones executed (recomputation included): the utilisation is HFU."""
+        from tensorpilot.plan.predict import board_power_w
+
+        peak = acc.peak_flops_per_s(compute_dtype)
+        hfu = self.model_flops_per_step / self.n_devices / self.step_time_s / peak if peak and self.step_time_s else None
+        self.power_w_per_device = board_power_w(acc, hfu, compute_dtype)
+        if self.power_w_per_device is not None:
+            self.energy_per_step_j = self.power_w_per_device * self.n_devices * self.step_time_s
+        return self
 
     def to_dict(self) -> dict:
         return asdict(self)

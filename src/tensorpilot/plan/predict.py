@@ -114,6 +114,18 @@ def device_rates(acc: Accelerator, compute_dtype: str) -> tm.DeviceRates:
                           gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE)
 
 
+def board_power_w(acc: Accelerator, hfu: float | None, compute_dtype: str) -> float | None:
+    """Board power of one device running a step at hardware-FLOP utilisation ``hfu`` (of the
+    ``compute_dtype`` datasheet peak): TDP x (idle + (1 - idle) x busy), busy = hfu over the
+    fraction of peak its saturated matmuls reach (calibration.IDLE_POWER_FRACTION, an
+    ASSUMPTION); None without a TDP in the catalog (CPUs, measured local devices)."""
+    if not acc.tdp_w:
+        return None
+    saturated = cal.mamf_fraction(cal.calibration_key(acc), compute_dtype) * cal.SUSTAINED_COMPUTE_FRACTION
+    busy = min(1.0, (hfu or 0.0) / saturated)
+    return acc.tdp_w * (cal.IDLE_POWER_FRACTION + (1 - cal.IDLE_POWER_FRACTION) * busy)
+
+
 def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: int | None = None) -> None:
     """Raise ConfigError (one sentence) for a layout that cannot run."""
     lo = layout
@@ -318,9 +330,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     peak = acc.peak_flops_per_s(prec.compute)
     plan_mfu = mfu_of(model_flops / step_s / n_dev, peak)
     plan_hfu = mfu_of(hw_flops / step_s / n_dev, peak)
-    saturated = cal.mamf_fraction(cal.calibration_key(acc), prec.compute) * cal.SUSTAINED_COMPUTE_FRACTION
-    busy = min(1.0, (plan_hfu or 0) / saturated)
-    power = acc.tdp_w * (cal.IDLE_POWER_FRACTION + (1 - cal.IDLE_POWER_FRACTION) * busy) if acc.tdp_w else None
+    power = board_power_w(acc, plan_hfu, prec.compute)
     plan = Plan(model=spec.name, hardware=acc.key, layout=lo.name, layout_detail=lo, n_devices=n_dev,
                 memory_bytes=memory_bytes, memory_limit_bytes=limit, device_memory_bytes=device_bytes,
                 fits=memory_bytes["total"] <= limit, step_time_s=step_s, time_breakdown_s=breakdown,

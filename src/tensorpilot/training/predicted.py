@@ -91,7 +91,8 @@ def compare(pred: RunPrediction, *, measured_step_s: float | None, measured_peak
             "memory_bytes": mem, "memory_breakdown_bytes": p.memory_bytes,
             "measured_memory_bytes": measured_peak, "measured_memory_method": peak_method,
             "memory_measured_over_predicted": measured_peak / mem if measured_peak and mem else None,
-            "fits": p.fits, "calibration": p.calibration, "layout": f"{p.n_devices} x {p.sharding}"}
+            "fits": p.fits, "calibration": p.calibration, "layout": f"{p.n_devices} x {p.sharding}",
+            "power_w_per_device": p.power_w_per_device, "energy_per_step_j": p.energy_per_step_j}
 
 
 def record(pred: RunPrediction, device: str, model: str, op_times: list[tuple[str, float]], wall_s: float):

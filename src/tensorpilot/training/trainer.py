@@ -880,6 +880,10 @@ class Trainer:
         if formula.get("power_w_per_device"):                        # the planner's figure beside ours
             formula.update(energy.formula_prediction(formula["power_w_per_device"], formula["n_devices"],
                                                      formula["step_time_s"], per_step) or {})
+        if predicted and predicted.get("energy_per_step_j"):         # the traced plan's (any model)
+            predicted["measured_energy_per_step_j"] = per_step
+            predicted["energy_measured_over_predicted"] = (per_step / predicted["energy_per_step_j"]
+                                                           if per_step is not None else None)
         return {
             "energy_j": loop_j, "energy_source": source, "energy_how": self.energy.how,
             "energy_steps_j": steps_j, "energy_per_step_j": per_step,
@@ -979,11 +983,13 @@ class Trainer:
             text += f"; {s['power_w']:,.1f} W over the timed steps, {per}"
         if s["co2_g"] is not None:
             text += f"; {s['co2_g']:.3g} g CO2 at {s['grid_intensity_g_per_kwh']:g} g/kWh"
-        formula = (s.get("predicted") or {}).get("formula") or {}
-        if formula.get("energy_per_step_j") and s["energy_per_step_j"] is not None:
-            text += (f"; per step {j(s['energy_per_step_j'])} measured, {j(formula['energy_per_step_j'])} "
-                     f"predicted (formula planner on {formula['hardware']}; measured / predicted "
-                     f"{formula['energy_measured_over_predicted']:.2f})")
+        traced = s.get("predicted") or {}
+        formula = traced.get("formula") or {}
+        for pred, who in ((traced, "traced step"), (formula, "formula planner")):
+            if pred.get("energy_per_step_j") and s["energy_per_step_j"] is not None:
+                text += (f"; per step {j(s['energy_per_step_j'])} measured, {j(pred['energy_per_step_j'])} "
+                         f"predicted ({who} on {pred['hardware']}; measured / predicted "
+                         f"{pred['energy_measured_over_predicted']:.2f})")
         return text
 
     def print_summary(self, s: dict[str, Any]) -> None:
