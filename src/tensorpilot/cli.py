@@ -22,6 +22,7 @@ COMPONENT_COMMANDS = (
     "tensorpilot.launch.command",
     "tensorpilot.modelplan.command",
     "tensorpilot.profiling.command",
+    "tensorpilot.bench.command",
 )
 
 def cmd_train(args: argparse.Namespace) -> int:

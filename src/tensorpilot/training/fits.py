@@ -130,16 +130,17 @@ def estimate_gpt(shape: dict[str, Any], micro_batch: int, half_precision: bool,
 
 
 def estimate_planned(spec: Any, seq_len: int, micro_batch: int, half_precision: bool,
-                     materialized_attention: bool, optimizer: str = "adamw") -> MemoryEstimate:
+                     materialized_attention: bool, optimizer: str = "adamw", recompute: str = "none") -> MemoryEstimate:
     """The memory of a model the planner describes (``spec``: a plan.models.ModelSpec);
-    torch.autocast keeps fp32 weights, gradients and AdamW states: the planner's '*-amp' recipes."""
+    torch.autocast keeps fp32 weights, gradients and AdamW states: the planner's '*-amp' recipes.
+    ``recompute``: the activation checkpointing policy (none, selective, full; plan.memory)."""
     from tensorpilot.plan import memory as pm
 
     prec = pm.precision("bf16-amp" if half_precision else "fp32", optimizer)
     states = sum(pm.model_state_bytes(spec.n_params, prec).values())
     acts = pm.activation_bytes_per_device(
         spec, seq_len=seq_len, micro_batch=micro_batch, n_micro=1, act_bytes=prec.act_bytes,
-        attention="materialized" if materialized_attention else "flash")
+        attention="materialized" if materialized_attention else "flash", recompute=recompute)
     return MemoryEstimate(states, acts["activations"] + acts["logits"], f"planner ({spec.name})",
                           spec.n_params, optimizer)
 
