@@ -35,6 +35,22 @@ class TrainingAborted(TensorpilotError):
         self.exit_code = exit_code
 
 
+def user_frame(exc: BaseException) -> str | None:
+    """' at FILE:LINE' of the innermost frame of ``exc``'s traceback in neither torch nor
+    tensorpilot: the user's code (or a library it calls) that raised; None when every frame is
+    torch's or ours (then the failure is not the user's code)."""
+    import traceback
+    from pathlib import Path
+
+    ours = Path(__file__).resolve().parent
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if ours in path.parents or "torch" in path.parts:
+            continue
+        return f" at {path.name}:{frame.lineno}"
+    return None
+
+
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message (or its type name), at most ``limit`` characters:
     enough to say what a library refused, without its multi-line advice."""

@@ -34,12 +34,17 @@ def _files(d):
     np.save(d / "yfloat.npy", np.linspace(0, 1, 10))
     np.save(d / "ystr.npy", np.array(["a"] * 10))
     np.savez(d / "xy.npz", inputs=np.zeros((10, 4), np.float32), targets=np.full(10, 11))
+    np.savez(d / "ids.npz", inputs=np.full((10, 4), 7.0, np.float32), targets=np.zeros(10, np.int64))  # ids >= 3
     (d / "mymodels.py").write_text(
         "import torch\n"
         "def needs_args(width):\n    return torch.nn.Linear(4, width)\n"
         "def raises():\n    raise ValueError('bad factory')\n"
         "def ten_classes():\n    return torch.nn.Linear(4, 10)\n"
         "def not_a_model():\n    return 42\n"
+        "def five_inputs():\n    return torch.nn.Linear(5, 10)\n"
+        "class SmallVocab(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.emb = torch.nn.Embedding(3, 10)\n"
+        "    def forward(self, x):\n        return self.emb(x.long()).mean(1)\n"
         "NOT_CALLABLE = 3\n")
     (d / "broken.py").write_text("def oops(:\n")
     os.mkfifo(d / "fifo")
@@ -118,6 +123,10 @@ CASES = [
     (["--model", "mymodels:raises"], 2, ["ValueError", "mymodels.py:5", "bad factory"]),
     (["--model", "mymodels:not_a_model", "--data", "xy.npz"], 2, ["nn.Module"]),
     (["--model", "mymodels:NOT_CALLABLE"], 2, ["not a function"]),
+    # --- a model whose forward fails on the data: where, and what to check
+    (["--model", "mymodels:five_inputs", "--data", "xy.npz"], 2, ["mymodels:five_inputs", "RuntimeError",
+                                                                 "shapes cannot be multiplied", "model's inputs"]),
+    (["--model", "mymodels:SmallVocab", "--data", "ids.npz"], 2, ["IndexError at mymodels.py:", "index out of range"]),
     (["--model", "broken:oops"], 2, ["SyntaxError"]),
     (["--model", "mymodels:nothing"], 2, ["no attribute"]),
 ]

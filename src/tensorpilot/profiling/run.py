@@ -197,8 +197,8 @@ def measure(cfg: RunConfig, workload=None, opts: ProfileOptions | None = None, c
     trainer = Trainer(run_config(cfg, opts, out), workload, console=console)
     try:
         return _measure(trainer, cfg, opts, out)
-    except RuntimeError as exc:                 # out of memory, lost peers: one sentence, as train says it
-        raise trainer._explain(exc) from None
+    except Exception as exc:                   # noqa: BLE001 - out of memory, lost peers, the user's model
+        raise trainer._explain(exc) from None   # failing on its data: one sentence, as train says it
     finally:
         trainer.close()
 

@@ -31,7 +31,8 @@ from rich.table import Table
 from tensorpilot import modules
 from tensorpilot.attention import FastAttention
 from tensorpilot.config import RunConfig, to_toml
-from tensorpilot.errors import ConfigError, TensorpilotError, TrainingAborted, exit_at_once, first_line
+from tensorpilot.errors import (ConfigError, TensorpilotError, TrainingAborted, exit_at_once, first_line,
+                                user_frame)
 from tensorpilot.files import writable_dir, write_atomic
 from tensorpilot.hardware.device import detect, resolve_device
 from tensorpilot.hardware.peak import device_peak, mfu
@@ -79,6 +80,14 @@ class NullLogger:
 
     def close(self) -> None:
         pass
+
+
+def _in_module_call(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside an ``nn.Module`` call (a model's forward)."""
+    import traceback
+
+    return any(f.name in ("_call_impl", "_wrapped_call_impl") and f.filename.endswith(("nn/modules/module.py",))
+               for f in traceback.extract_tb(exc.__traceback__))
 
 
 class Trainer:
@@ -522,7 +531,7 @@ class Trainer:
                                      self.cfg.logging.progress if self.par.is_main else "off",
                                      self.cfg.train.log_interval)
             summary = self._loop(progress)
-        except RuntimeError as exc:
+        except Exception as exc:                         # noqa: BLE001 - _explain keeps what it cannot explain
             raise self._explain(exc) from None
         finally:
             if progress is not None:
@@ -545,9 +554,21 @@ class Trainer:
         if self.par is not None:
             self.par.close()
 
-    def _explain(self, exc: RuntimeError) -> BaseException:
-        """A RuntimeError a user can cause, as one sentence; anything else unchanged (a bug)."""
-        if self.device is None:                         # setup did not get that far
+    def _explain(self, exc: BaseException) -> BaseException:
+        """An error a user can cause, as one sentence; anything else unchanged (a bug): out of
+        memory, lost peers, and a `--model PKG:FACTORY` model failing on its data (raised inside a
+        module call of a model tensorpilot did not build: a wrong input width, token ids beyond the
+        vocabulary). A Python API caller's own model keeps its exception: it is their code to debug."""
+        if isinstance(exc, TensorpilotError) or not isinstance(exc, Exception):
+            return exc
+        name = self.cfg.model.name
+        factory = ":" in name and not name.startswith("python:")
+        if factory and self._workload is not None and self._workload.kind == "custom" and _in_module_call(exc):
+            where = user_frame(exc) or ""
+            return ConfigError(f"the model ({self.cfg.model.name}) raised {type(exc).__name__}{where} on the "
+                               f"training data at step {self.step}: {first_line(exc)}; check that the data fits "
+                               "the model's inputs (shapes, dtypes, token ids below the vocabulary size).")
+        if self.device is None or not isinstance(exc, RuntimeError):   # setup did not get that far
             return exc
         if self.par.active and is_comm_failure(exc):
             return DistributedError(f"rank {self.par.ctx.rank} lost its peers at step {self.step} "

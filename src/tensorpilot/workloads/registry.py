@@ -16,7 +16,7 @@ from typing import Any, Callable
 from torch import nn
 
 from tensorpilot.config import DataConfig, ModelConfig
-from tensorpilot.errors import ConfigError, first_line
+from tensorpilot.errors import ConfigError, first_line, user_frame
 from tensorpilot.workloads import data as D
 from tensorpilot.workloads.base import Workload
 
@@ -138,10 +138,7 @@ def call_factory(spec: str):
     try:
         return factory()
     except Exception as exc:                         # the user's code: say where, in one sentence
-        import traceback
-
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+        where = user_frame(exc) or ""
         raise ConfigError(f"--model {spec!r} raised {type(exc).__name__}{where}: {first_line(exc)}.") from None
 
 
