@@ -86,7 +86,7 @@ def test_report_states_every_claim(quick):
 @pytest.fixture(scope="module")
 def with_errors(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-errors") / "out"
-    proc = run_cli("bench", "nosuch", "precision", "batch", "--quick", "--precisions", "fp8", "--out", str(out),
+    proc = run_cli("bench", "nosuch", "precision", "devices", "--quick", "--precisions", "fp8", "--out", str(out),
                    timeout=300)
     return out, proc
 
@@ -101,5 +101,5 @@ def test_unknown_suite_and_unsupported_precision_are_one_sentence_each_and_the_r
     assert "precision fp8 cannot be measured on cpu" in errors[1]
     result = json.loads((out / "bench.json").read_text())
     assert set(result["errors"]) == {"nosuch", "precision"}
-    assert list(result["suites"]) == ["batch"] and (out / "batch.png").exists()
-    assert "bench batch" in proc.stdout                        # the table of the suite that ran
+    assert list(result["suites"]) == ["devices"] and (out / "devices.png").exists()
+    assert "bench devices" in proc.stdout                      # the table of the suite that ran

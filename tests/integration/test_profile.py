@@ -17,6 +17,7 @@ from conftest import run_cli
 # copied into the run's working directory (importable there, like `python -m`)
 BOTTLENECKS = Path(__file__).resolve().parents[2] / "benchmarks" / "bottlenecks.py"
 QUICK = ["--compile", "off", "--steps", "5", "--warmup", "2", "--no-train.predict"]
+SHORT = ["--compile", "off", "--steps", "3", "--warmup", "1", "--no-train.predict"]   # a share, not a ranking
 GPT = ["--model.n_layer", "2", "--model.d_model", "64", "--model.n_head", "2", "--data.max_bytes", "400000"]
 
 
@@ -96,13 +97,13 @@ def test_recompute_and_a_per_tensor_optimizer_are_found_in_real_runs(tmp_path):
     # activation checkpointing recomputes every block's forward in backward (with the default
     # attention routing: the recomputation must take the forward's path)
     proc = profile(tmp_path, *GPT, "--model.seq_len", "128", "--batch-size", "8", "--precision", "fp32",
-                   "--engine.activation_checkpointing", *QUICK, "--json")
+                   "--engine.activation_checkpointing", *SHORT, "--json")
     r = json.loads(proc.stdout)
     assert r["recompute_s"] > 0 and "recompute" in kinds(r), r["findings"]
     assert next(f for f in r["findings"] if f["kind"] == "recompute")["flag"] == "--no-engine.activation_checkpointing"
     # a per-tensor AdamW over 96 parameter tensors: launches, not arithmetic
     proc = profile(tmp_path, "--model", "bottlenecks:tiny_layers", "--batch-size", "64", "--optim.impl", "loop",
-                   *QUICK, "--json")
+                   *SHORT, "--json")
     r = json.loads(proc.stdout)
     assert "optimizer" in kinds(r), r["findings"]
     assert next(f for f in r["findings"] if f["kind"] == "optimizer")["flag"] == "--optim.impl fused"

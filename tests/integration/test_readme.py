@@ -11,8 +11,6 @@ from pathlib import Path
 
 from conftest import run_cli
 
-from tensorpilot.bench.command import SUITE_NAMES
-
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -21,14 +19,12 @@ def blocks(lang: str) -> list[str]:
 
 
 def shorten(argv: list[str]) -> list[str] | None:
-    """--steps N -> N // 100 (at least 2); a train command without --steps gets 3; bench runs
-    --quick, and not at all when it names no suite: tests/integration/test_bench.py runs every
-    suite in --quick form already (None: skip)."""
+    """--steps N -> N // 100 (at least 2); a train command without --steps gets 3; bench is only
+    parsed (None: not run): tests/integration/test_bench.py runs every suite through the CLI in
+    --quick form, and test_readme_bench_commands_parse checks the README's arguments."""
     out = list(argv)
     if out[:1] == ["bench"]:
-        if not set(out[1:]) & set(SUITE_NAMES):
-            return None
-        return out if "--quick" in out else out + ["--quick"]
+        return None
     if "--steps" in out:
         i = out.index("--steps") + 1
         out[i] = str(max(2, int(out[i]) // 100))
@@ -70,3 +66,15 @@ def test_readme_python_example_runs(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "20"
+
+
+def test_readme_bench_commands_parse():
+    from tensorpilot.bench.command import SUITE_NAMES
+    from tensorpilot.cli import build_parser
+
+    lines = [line.split("#")[0].strip() for b in blocks("bash") for line in b.splitlines()]
+    bench = [shlex.split(line)[1:] for line in lines if line.startswith("tensorpilot bench")]
+    assert bench
+    for argv in bench:
+        args = build_parser().parse_args(argv)
+        assert set(args.suites) <= set(SUITE_NAMES), argv
