@@ -14,6 +14,7 @@ Pure standard library: the CLI and the torch-free planner use it.
 from __future__ import annotations
 
 import errno
+import math
 import shutil
 import os
 import uuid
@@ -192,3 +193,15 @@ def publish_dir(tmp: Path, final: Path) -> None:
         return
     os.rename(tmp, final)
     fsync_path(root)
+
+
+def finite(obj):
+    """``obj`` with every non-finite float (NaN, infinity) replaced by None, through dicts, lists
+    and tuples: strict JSON (RFC 8259) has no NaN or Infinity."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj

@@ -57,9 +57,8 @@ def run(opts: BenchOptions, console) -> dict[str, Any]:
     from rich.markup import escape
 
     from tensorpilot.bench import plots, report, suites
-    from tensorpilot.files import writable_dir, write_atomic
+    from tensorpilot.files import finite, writable_dir, write_atomic
     from tensorpilot.hardware.device import resolve_device
-    from tensorpilot.profiling.run import _finite as finite      # JSON has no NaN: None instead
 
     out = writable_dir(opts.out, "--out")
     device = resolve_device(opts.device)

@@ -7,6 +7,7 @@ import json
 import math
 
 from tensorpilot.errors import ConfigError, UsageError
+from tensorpilot.files import finite
 
 DEFAULT_GPU = "h100-sxm"
 
@@ -169,17 +170,7 @@ def _device_count(args) -> int:
 
 def _json(obj) -> str:
     """Strict JSON (RFC 8259 has no NaN or Infinity): a non-finite float becomes null."""
-    return json.dumps(_finite(obj), indent=1, allow_nan=False)
-
-
-def _finite(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
+    return json.dumps(finite(obj), indent=1, allow_nan=False)
 
 
 def _setup(args, spec, replicas: int):

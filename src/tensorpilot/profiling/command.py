@@ -64,7 +64,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tensorpilot.profiling.report import print_report
-    from tensorpilot.profiling.run import _finite, profile
+    from tensorpilot.files import finite
+    from tensorpilot.profiling.run import profile
 
     quiet = args.json or args.worker
     console = Console(highlight=False, quiet=quiet)
@@ -72,7 +73,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if result is None or args.worker:
         return 0
     if args.json:
-        print(json.dumps(_finite(result), indent=1))
+        print(json.dumps(finite(result), indent=1))
     else:
         print_report(result, console)
     return 0

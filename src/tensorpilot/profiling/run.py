@@ -20,7 +20,6 @@ import contextlib
 import copy
 import dataclasses
 import json
-import math
 import os
 import shutil
 import statistics
@@ -401,7 +400,7 @@ def _analyse(trainer, cfg, opts, prof, blocked, unprofiled, slept: float, floor_
 
 def write_outputs(result: dict[str, Any], out: Path) -> None:
     """profile.json and profile.png in ``out`` (without matplotlib: a note instead of the PNG)."""
-    from tensorpilot.files import write_atomic
+    from tensorpilot.files import finite, write_atomic
     from tensorpilot.profiling import plots
 
     png, note = plots.write_png(result, out / "profile.png")
@@ -409,18 +408,9 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     if note and note not in result["notes"]:
         result["notes"].append(note)
     result["files"]["json"] = str(out / "profile.json")
-    write_atomic(out / "profile.json", json.dumps(_finite(result), indent=1), "profile")
+    write_atomic(out / "profile.json", json.dumps(finite(result), indent=1), "profile")
 
 
-def _finite(obj):
-    """JSON has no NaN or infinity: None instead."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def launch(cfg: RunConfig, opts: ProfileOptions, out: Path) -> dict[str, Any]:
