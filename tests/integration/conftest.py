@@ -15,9 +15,10 @@ FAST = ["--model.n_layer", "2", "--model.d_model", "64", "--model.n_head", "2", 
         "--train.eval_batches", "2", "--logging.progress", "lines"]
 
 
-def run_cli(*args: str, cwd: Path | None = None, check: bool = False, timeout: float = 300):
+def run_cli(*args: str, cwd: Path | None = None, check: bool = False, timeout: float = 300,
+            env: dict[str, str] | None = None):
     proc = subprocess.run([sys.executable, "-m", "tensorpilot", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                          text=True, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc

@@ -65,3 +65,22 @@ def test_resolve(tmp_path):
     assert rundir.resolve(None, str(run / "checkpoints" / "step_00000003"), "gpt", "tiny")[0] == run
     with pytest.raises(ConfigError, match="needs --run-dir"):
         rundir.resolve(None, "latest", "gpt", "tiny")
+
+
+
+def test_runs_started_in_the_same_second_claim_different_directories(tmp_path, monkeypatch):
+    """Two runs without --run-dir started in one second (the default name is to the second) each
+    get a directory of their own: a name is claimed by creating it, not by seeing it free."""
+    from datetime import datetime
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 1, 2, 3, 4, 5)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rundir, "datetime", Frozen)
+    got = [rundir.new_run_dir("gpt", "tiny") for _ in range(3)]
+    assert [str(g) for g in got] == ["runs/20260102-030405-gpt-tiny", "runs/20260102-030405-gpt-tiny-1",
+                                     "runs/20260102-030405-gpt-tiny-2"]
+    assert all((tmp_path / g).is_dir() for g in got)

@@ -182,13 +182,6 @@ def _inference_times(trainer, batches: tuple[int, ...], repeats: int) -> dict[in
     return out
 
 
-def _peak_bytes(trainer) -> tuple[int, str]:
-    """The allocator's peak of one training step, as the trainer measures its own (CPU: the
-    profiler's memory events above the live tensors; CUDA: max_memory_allocated)."""
-    trainer._profiled_step()
-    return trainer._step_peak
-
-
 def _quiet_compiler():
     """torch._dynamo warns once per recompiled block (the per-block graphs hit its cache limit by
     design): the bench's tables are the output, so those lines are held back while it compiles."""
@@ -281,7 +274,7 @@ def precision(ctx: Context) -> SuiteResult:
         with _closing(ctx.trainer(precision=p)) as t:
             # the first step is untimed warm-up but counts towards the equal steps
             st = timed_steps(t, s.loss_steps - 1, warmup=1)
-            peak, how = _peak_bytes(t)
+            peak, how = t.step_peak()
             res.rows.append({"precision": p, "step_s": st.median_s, "samples_per_s": t.plan.samples_per_step / st.median_s,
                              "peak_bytes": peak, "peak_method": how, "loss": st.losses[-1], "loss_after_steps": s.loss_steps,
                              "max_foreign_load": st.max_foreign})
@@ -390,7 +383,7 @@ def checkpointing(ctx: Context) -> SuiteResult:
         ctx.log(f"  checkpointing: {policy}")
         with _closing(ctx.trainer(ac=policy == "full")) as t:
             st = timed_steps(t, s.steps, warmup=1)
-            peak, how = _peak_bytes(t)
+            peak, how = t.step_peak()
             model = t.spec.plan_model(t.workload.meta)
             if model is not None and not planned:
                 spec, tokens = model

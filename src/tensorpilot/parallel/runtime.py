@@ -211,13 +211,18 @@ class Parallel:
 
             dist.barrier()
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
         """Leave the process group this run created (once; later calls do nothing). A group the
-        caller created before training is left to the caller."""
+        caller created before training is left to the caller. After a clean finish every rank
+        meets at a barrier first: a rank that tears its gloo pairs down while a peer still
+        drains its last pipeline receive aborts that peer (std::terminate). After an error
+        there is no barrier (the failed peers would never arrive)."""
         if self.active:
             import torch.distributed as dist
 
             if self.ctx.owns_group and dist.is_initialized():
+                if clean:
+                    dist.barrier()
                 dist.destroy_process_group()
             self.ctx.mesh = None
 

@@ -194,12 +194,15 @@ def measure(cfg: RunConfig, workload=None, opts: ProfileOptions | None = None, c
     opts = opts or ProfileOptions()
     out = Path(out or opts.out)
     trainer = Trainer(run_config(cfg, opts, out), workload, console=console)
+    clean = False
     try:
-        return _measure(trainer, cfg, opts, out)
+        result = _measure(trainer, cfg, opts, out)
+        clean = True
+        return result
     except Exception as exc:                   # noqa: BLE001 - out of memory, lost peers, the user's model
         raise trainer._explain(exc) from None   # failing on its data: one sentence, as train says it
     finally:
-        trainer.close()
+        trainer.close(clean)
 
 
 def _measure(trainer, cfg: RunConfig, opts: ProfileOptions, out: Path) -> dict[str, Any] | None:

@@ -35,13 +35,19 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "config.toml", "tensorboard")
 
 
 def new_run_dir(model_name: str, size: str) -> Path:
-    """runs/<time>-<model>-<size>, made unique with a suffix."""
+    """runs/<time>-<model>-<size>, made unique with a suffix and created here: two runs started
+    in the same second claim different directories (mkdir either creates it or fails)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path("runs") / f"{stamp}-{model_name.split(':')[-1]}-{size}"
     path, n = base, 1
-    while path.exists():
-        path, n = Path(f"{base}-{n}"), n + 1
-    return path
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            path, n = Path(f"{base}-{n}"), n + 1
+        except OSError:                  # not writable: writable_dir says so in one sentence
+            return path
 
 
 def resolve(run_dir: str | None, resume: str | None, model_name: str, size: str) -> tuple[Path, Path | None]:

@@ -521,7 +521,7 @@ class Trainer:
         """Train to ``train.steps`` and return the summary. Whatever happens -- a stop signal,
         a user error, a bug -- the signal handlers, the progress display, the metrics files and
         the process group are released on the way out."""
-        previous, progress = None, None
+        previous, progress, clean = None, None, False
         try:
             previous = self._install_signal_handlers()
             if self.model is None:
@@ -531,20 +531,22 @@ class Trainer:
                                      self.cfg.logging.progress if self.par.is_main else "off",
                                      self.cfg.train.log_interval)
             summary = self._loop(progress)
+            clean = True
         except Exception as exc:                         # noqa: BLE001 - _explain keeps what it cannot explain
             raise self._explain(exc) from None
         finally:
             if progress is not None:
                 progress.close()
             self._restore_signal_handlers(previous)
-            self.close()
+            self.close(clean)
         self.print_summary(summary)
         return summary
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
         """Release what ``setup`` acquired (metrics files, the run directory's lock, the process
         group, the energy meter); ``fit`` calls it on its way out, a caller that drives
-        ``train_step`` itself (tensorpilot profile) when done."""
+        ``train_step`` itself (tensorpilot profile) when done. ``clean``: every rank got here
+        without an error (the ranks then meet before leaving the process group)."""
         if self.metrics is not None:
             self.metrics.close()
         if self._lock is not None:
@@ -552,7 +554,7 @@ class Trainer:
         if self.energy is not None:
             self.energy.close()
         if self.par is not None:
-            self.par.close()
+            self.par.close(clean)
 
     def _explain(self, exc: BaseException) -> BaseException:
         """An error a user can cause, as one sentence; anything else unchanged (a bug): out of
@@ -931,6 +933,12 @@ class Trainer:
             device=self.device, autocast=self.choice.autocast, micro_batch=self.plan.micro_batch,
             grad_accum=self.plan.grad_accum, n_devices=lay.dp, sharding=lay.sharding,
             tokens_per_sample=self.workload.tokens_per_sample, clip_grad_norm=bool(self.cfg.optim.grad_clip))
+
+    def step_peak(self) -> tuple[int | None, str | None]:
+        """Run one training step under the profiler and return its allocator peak: (bytes, how it
+        was measured), as the summary's ``step_peak_memory_bytes`` / ``_method`` report it."""
+        self._profiled_step()
+        return self._step_peak
 
     def _profiled_step(self):
         """One training step under the profiler: the allocator's peak (CPU: from its memory events;

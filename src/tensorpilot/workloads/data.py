@@ -9,6 +9,7 @@ are bit-identical to an uninterrupted run. ``__getitems__`` builds a whole micro
 from __future__ import annotations
 
 import math
+import os
 import sysconfig
 import zlib
 from pathlib import Path
@@ -68,8 +69,11 @@ def stdlib_root() -> Path:
 def _text_files(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
-    if root == stdlib_root():
-        files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts]
+    if root == stdlib_root():                 # its .py files; site-packages (tens of thousands of
+        files = []                            # files in a torch environment) is never walked
+        for folder, subdirs, names in os.walk(root):
+            subdirs[:] = [d for d in subdirs if d != "site-packages"]
+            files += [Path(folder, n) for n in names if n.endswith(".py")]
     else:  # skip hidden files and folders (.git, .venv, ...)
         files = [p for p in root.rglob("*") if p.is_file()
                  and not any(part.startswith(".") for part in p.relative_to(root).parts)]
