@@ -29,6 +29,39 @@ class Picky(nn.Module):
 
 def picky():
     return Picky()
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(12))
+
+    def forward(self, x, mask):          # what one --input-shape cannot describe
+        return x * mask * self.scale
+
+    def __call__(self, *args, **kwargs):
+        import warnings
+        warnings.warn("this warning of the model's own code is not part of the error")
+        return super().__call__(*args, **kwargs)
+
+def two_inputs():
+    return TwoInputs()
+
+def frozen():
+    return nn.Linear(12, 2).requires_grad_(False)
+
+class Tagger(nn.Module):                 # a frozen embedding under a trained bidirectional LSTM
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(100, 16)
+        self.emb.requires_grad_(False)
+        self.rnn = nn.LSTM(16, 32, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(64, 5)
+
+    def forward(self, ids):
+        return self.head(self.rnn(self.emb(ids))[0])
+
+def tagger():
+    return Tagger()
 """
 
 
@@ -73,6 +106,9 @@ def test_plan_a_user_factory_end_to_end(models):
     (["--model", "usermodels:small", "--input-shape", "12", "--gpus", "16", "--sharding", "hsdp"],
      ["--sharding hsdp", "data-parallel layouts only"]),
     (["--model", "usermodels:small", "--input-shape", "12", "--cp", "2"], ["--cp 2", "data-parallel layouts only"]),
+    (["--model", "usermodels:two_inputs", "--input-shape", "12"], ["usermodels:two_inputs", "TwoInputs",
+                                                                    "PKG.MOD:FACTORY wrapping it"]),
+    (["--model", "usermodels:frozen", "--input-shape", "12"], ["usermodels:frozen", "no trainable parameters"]),
 ])
 def test_bad_input_is_one_sentence(models, args, words):
     proc = _plan(models, *args, check=False)
@@ -124,6 +160,22 @@ def test_catalogued_gpu_with_fsdp_divides_model_states(models):
     for k in ("parameters", "optimizer"):
         assert eight["memory_bytes"][k] == pytest.approx(one["memory_bytes"][k] / 8)
     assert eight["time_breakdown_s"]["communication"] > 0 == one["time_breakdown_s"]["communication"]
+
+
+def test_a_frozen_embedding_under_an_lstm_plans(models):
+    """A frozen parameter stopped the trace (MemTracker hooks every parameter for its gradient),
+    and oneDNN's fused LSTM counted no FLOPs."""
+    args = ("--model", "usermodels:tagger", "--input-shape", "20", "--input-dtype", "int64", "--batch-size", "4",
+            "--precision", "fp32", "--json")
+    gpu = json.loads(_plan(models, *args, "--gpu", "h100-sxm", check=True).stdout)
+    trained = 2 * 4 * 32 * (16 + 32 + 2) + 64 * 5 + 5      # both directions: W_ih, W_hh, two biases; the head
+    assert gpu["params"] == 100 * 16 + trained and gpu["trainable_params"] == trained
+    # AdamW's m and v of what trains, and a step per trained tensor (8 LSTM, 2 head): none for the embedding
+    assert gpu["memory_bytes"]["optimizer"] == 8 * trained + 4 * 10 and gpu["fits"] is True
+    tokens = 4 * 20
+    # per direction 4 gates x 32: forward, then input/hidden and weight gradients (3x); the head likewise
+    lstm = 3 * 2 * tokens * 2 * (128 * 16 + 128 * 32)
+    assert gpu["model_flops_per_step"] == lstm + 3 * 2 * tokens * 64 * 5
 
 
 def test_hugging_face_config_builds_the_real_class(tmp_path):

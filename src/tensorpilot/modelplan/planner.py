@@ -50,7 +50,7 @@ def optimizer_factory(name: str, device_kind: str = "cpu") -> Callable[[list[nn.
 def _inputs(source: ModelSource, input_shape: tuple[int, ...] | None, input_dtype: torch.dtype | None):
     shape = input_shape or source.sample_shape
     if shape is None:
-        raise ConfigError(f"{source.name} returned a bare nn.Module: describe one sample with --input-shape "
+        raise ConfigError(f"{source.name} {source.no_sample}: describe one sample with --input-shape "
                           "(e.g. --input-shape 3,224,224; --input-dtype int64 for token ids).")
     return shape, input_dtype or source.sample_dtype
 
@@ -63,6 +63,9 @@ def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}.")
     shape, dtype = _inputs(source, input_shape, input_dtype)
+    if not any(p.requires_grad for p in source.model.parameters()):
+        raise ConfigError(f"{source.name} has no trainable parameters (none, or all with requires_grad=False), so a "
+                          "training step has nothing to update: plan a model with at least one parameter that trains.")
     loss = loss or Loss.parse(None, source.loss_fn)
     make = batch_maker(shape, dtype, batch_size, source.int_high, device)
     try:
@@ -76,10 +79,13 @@ def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32
         squeezed = cause.lower().replace("-", "").replace("_", "").replace(" ", "")
         if "datadependent" in squeezed or "localscalardense" in squeezed or "dynamicoutputshape" in squeezed:
             todo = ("it reads tensor values (.item(), int(tensor), boolean-mask indexing), which a trace without "
-                    "data cannot: make that code independent of values, or measure the model with a short "
-                    "`tensorpilot train` run instead")
+                    "data cannot: make that code independent of values (random layer drop or masking in training "
+                    "mode: set its probability to 0), or measure the model with a short `tensorpilot train` run "
+                    "instead")
         else:
-            todo = "check that --input-shape and --input-dtype describe what its forward expects"
+            todo = ("check that --input-shape and --input-dtype describe what its forward expects (a forward "
+                    "that takes more than one input or a dict, such as an encoder-decoder's decoder_input_ids, "
+                    "needs a PKG.MOD:FACTORY wrapping it in a module that takes one tensor)")
         raise ConfigError(f"cannot trace {source.name} symbolically: {where} failed with {cause[:200]}; "
                           f"{todo}.") from None
     if source.built_on != "meta":

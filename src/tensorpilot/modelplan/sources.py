@@ -13,7 +13,9 @@ does) is built for real on the CPU instead, and the trace uses a meta copy.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -40,6 +42,7 @@ class ModelSource:
     built_on: str = "meta"
     tokens_per_sample: int | None = None
     build: Callable[[], nn.Module] | None = None   # builds the model again, for real
+    no_sample: str = "returned a bare nn.Module"   # why sample_shape is None, for the error that asks for one
 
     def real_model(self) -> nn.Module:
         """The model with real weights on the CPU (to measure it)."""
@@ -142,8 +145,7 @@ def _timm(arch: str) -> ModelSource:
     try:
         import timm
     except Exception as exc:              # noqa: BLE001 - absent, or a broken torchvision under it
-        raise ConfigError(f"--model timm:{arch} needs timm, which cannot be imported here "
-                          f"({type(exc).__name__}: {first_line(exc)}); pip install timm.") from None
+        raise ConfigError(f"--model timm:{arch} needs timm, " + _import_failure("timm", exc) + ".") from None
     if arch not in timm.list_models():
         raise ConfigError(f"timm has no model {arch!r}; `python -c \"import timm; print(timm.list_models('*{arch[:4]}*'))\"` "
                           "lists the names.")
@@ -152,6 +154,78 @@ def _timm(arch: str) -> ModelSource:
     size = tuple(getattr(model, "pretrained_cfg", {}).get("input_size") or (3, 224, 224))
     classes = getattr(model, "num_classes", 1000)
     return ModelSource(f"timm:{arch}", model, size, torch.float32, int(classes), built_on=on, build=build)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of the exception that caused ``exc``: huggingface_hub's validation error
+    says only which validator failed, its cause says why (``The hidden size (250) is not a
+    multiple of the number of attention heads (3)``)."""
+    cause = exc.__cause__
+    inner = f"{type(cause).__name__}: {first_line(cause)}" if cause is not None else ""
+    return inner or first_line(exc)
+
+
+def _import_failure(lib: str, exc: BaseException) -> str:
+    """Why ``lib`` cannot be imported, and what to do: a library that is installed but whose
+    import fails inside a dependency (a torchvision built for another torch: ``operator
+    torchvision::nms does not exist``) names that dependency, not ``pip install lib``."""
+    import traceback
+
+    root = exc
+    while (root.__cause__ or root.__context__) is not None:
+        root = root.__cause__ or root.__context__
+    why = f"{type(root).__name__}: {first_line(root)}"
+    for frame in reversed(traceback.extract_tb(root.__traceback__)):
+        parts = Path(frame.filename).parts
+        where = [i for i, d in enumerate(parts) if d in ("site-packages", "dist-packages")]
+        if not where or where[-1] + 1 >= len(parts):
+            continue
+        dep = parts[where[-1] + 1].removesuffix(".py")
+        if dep in ("torch", "importlib", lib):
+            continue
+        return (f"which is installed but fails to import inside {dep} ({why}): reinstall the {dep} release "
+                f"built for this torch {torch.__version__}")
+    if isinstance(exc, ModuleNotFoundError) and exc.name == lib:
+        return f"which is not installed: pip install {lib}"
+    return f"which cannot be imported here ({why}); check `python -c \"import {lib}\"`"
+
+
+@contextlib.contextmanager
+def _quiet_imports():
+    """transformers imports torchao (quantizers) with its model classes, and torchao logs every
+    optional CUDA kernel library it cannot load and torch's pytree deprecations; none is used
+    to build a model without weights, and the plan's output stays the plan."""
+    logs = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
+
+
+def _hf_sample(model: nn.Module, config: Any) -> tuple[tuple[int, ...] | None, torch.dtype, int | None]:
+    """One sample of the input a Hugging Face model's forward takes first (its
+    ``main_input_name``): (shape, dtype, tokens per sample). Token ids: the config's context up
+    to 512; images: the config's channels and image size; raw audio: one second at 16 kHz;
+    Whisper's log-mel features: its mel bins x the 30 s window (2 frames per encoder position)."""
+    main = getattr(model, "main_input_name", "input_ids")
+    if main == "input_ids":
+        seq = min(int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+                      or 512), 512)
+        return (seq,), torch.int64, seq
+    if main == "pixel_values" and getattr(config, "image_size", None):
+        size = config.image_size
+        hw = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+        return (int(getattr(config, "num_channels", 3)), *map(int, hw)), torch.float32, None
+    if main == "input_values":
+        return (16_000,), torch.float32, None
+    mels, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+    if main == "input_features" and mels and positions:
+        return (int(mels), 2 * int(positions)), torch.float32, None
+    return None, torch.float32, None
 
 
 def _hf(path: str) -> ModelSource:
@@ -164,37 +238,98 @@ def _hf(path: str) -> ModelSource:
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise ConfigError(f"{path!r} is not a Hugging Face config.json (it has no model_type).")
     try:
-        import transformers
+        with _quiet_imports():
+            import transformers
     except Exception as exc:              # noqa: BLE001
-        raise ConfigError(f"building {path!r} needs transformers, which cannot be imported here "
-                          f"({type(exc).__name__}: {first_line(exc)}); pip install transformers.") from None
+        raise ConfigError(f"building {path!r} needs transformers, " + _import_failure("transformers", exc) + ".") \
+            from None
     try:
         config = transformers.AutoConfig.for_model(**raw)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"transformers cannot read {path!r}: {first_line(exc)}.") from None
+    except Exception as exc:              # noqa: BLE001 - the library's validation (huggingface_hub's own errors)
+        why = _reason(exc).rstrip(".")
+        if ". Should contain one of" in why:              # the list of every model_type it knows
+            why = (why.split(". Should contain one of")[0]
+                   + f" (not a model_type transformers {transformers.__version__} knows)")
+        raise ConfigError(f"transformers cannot read {path!r}: {why}.") from None
     archs = raw.get("architectures") or []
     try:
-        cls = getattr(transformers, archs[0], None) if archs else None
+        with _quiet_imports():
+            cls = getattr(transformers, archs[0], None) if archs else None
     except Exception as exc:              # noqa: BLE001 - a lazy import failing under transformers
-        raise ConfigError(f"transformers cannot import {archs[0]} here ({type(exc).__name__}: {first_line(exc)}); "
-                          "check its dependencies with `python -c \"import transformers; "
-                          f"transformers.{archs[0]}\"`.") from None
+        raise ConfigError(f"{path!r} names transformers.{archs[0]}, " + _import_failure("transformers", exc)
+                          + ".") from None
     if cls is None:
         cls = transformers.AutoModel
     if hasattr(config, "_attn_implementation"):
         config._attn_implementation = "sdpa"
 
-    def build():
+    def make():
         return cls.from_config(config) if cls is transformers.AutoModel else cls(config)
+
+    def build():
+        # sdpa where the class has it (the fused kernel a GPU runs), else the class's own
+        # attention: GPT-Neo, for one, refuses sdpa
+        try:
+            return make()
+        except ValueError as exc:
+            if "attention implementation" not in str(exc) or getattr(config, "_attn_implementation", None) == "eager":
+                raise
+            config._attn_implementation = "eager"
+            return make()
     try:
-        model, on = _on_meta(build)
+        with _quiet_imports():
+            model, on = _on_meta(build)
     except Exception as exc:              # noqa: BLE001 - the library's own error
         raise ConfigError(f"transformers could not build {cls.__name__} from {path!r}: "
                           f"{type(exc).__name__}: {first_line(exc)}.") from None
-    seq = min(int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 512)), 512)
+    shape, dtype, tokens = _hf_sample(model, config)
     vocab = int(getattr(config, "vocab_size", 2) or 2)
-    return ModelSource(f"{cls.__name__} ({Path(path).name})", model, (seq,), torch.int64, vocab, built_on=on,
-                       tokens_per_sample=seq, build=build)
+    main = getattr(model, "main_input_name", "input_ids")
+    name = f"{type(model).__name__} ({Path(path).name})"
+    decoder_len = _decoder_len(model, config, main)
+    if decoder_len is not None:
+        model, made = _EncoderDecoder(model, decoder_len), build
+        build = lambda: _EncoderDecoder(made(), decoder_len)      # noqa: E731
+    return ModelSource(name, model, shape, dtype, vocab, built_on=on, tokens_per_sample=tokens, build=build,
+                       no_sample=f"takes {main} first, whose shape the config does not give")
+
+
+# Whisper's decoder context (max_target_positions), the longest target a generic one is given
+MAX_DECODER_LEN = 448
+
+
+def _decoder_len(model: nn.Module, config: Any, main: str) -> int | None:
+    """How many decoder token ids an encoder-decoder model whose forward needs them is given
+    (0: the encoder's own ids), None when it needs none (a decoder-only or encoder model)."""
+    import inspect
+
+    if not getattr(config, "is_encoder_decoder", False):
+        return None
+    try:
+        if "decoder_input_ids" not in inspect.signature(model.forward).parameters:
+            return None
+    except (TypeError, ValueError):
+        return None
+    if main == "input_ids":
+        return 0
+    return min(int(getattr(config, "max_target_positions", None) or MAX_DECODER_LEN), MAX_DECODER_LEN)
+
+
+class _EncoderDecoder(nn.Module):
+    """An encoder-decoder Hugging Face model (T5, Whisper, BART, Marian) fed one tensor: the
+    decoder reads the encoder's token ids (teacher forcing on a target as long as the source),
+    or, for audio or image inputs, ``decoder_len`` ids. Its forward otherwise refuses to run
+    without ``labels`` or ``decoder_input_ids``, which the plan's flags do not describe."""
+
+    def __init__(self, model: nn.Module, decoder_len: int):
+        super().__init__()
+        self.model, self.decoder_len = model, decoder_len
+        self.main_input_name = getattr(model, "main_input_name", "input_ids")
+
+    def forward(self, x: torch.Tensor):
+        ids = x if not self.decoder_len else torch.zeros((x.shape[0], self.decoder_len), dtype=torch.int64,
+                                                         device=x.device)
+        return self.model(x, decoder_input_ids=ids)
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ its first step), the second is the steady state whose ops and peak are reported.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -29,6 +30,12 @@ from torch.utils._pytree import tree_flatten, tree_map
 MATMUL, CONV, ATTENTION, MEMORY, VIEW = "matmul", "conv", "attention", "memory", "view"
 COMPUTE_CLASSES = (MATMUL, CONV, ATTENTION)
 PHASES = ("forward", "backward", "optimizer")
+# Ops a replay on random operands would not time, costed from their FLOPs and bytes instead:
+# backward kernels that read their forward kernel's opaque workspace (the fake forward returns
+# an empty one, oneDNN's LSTM a (0,); the real kernel run on it writes past its end and corrupts
+# the heap), and grouped matmuls, whose group offsets are values (a replay's zeros make every
+# group empty).
+NOT_REPLAYABLE = frozenset({"aten.mkldnn_rnn_layer_backward", "aten._cudnn_rnn_backward", "aten._grouped_mm"})
 
 
 @dataclass(slots=True)
@@ -164,18 +171,23 @@ class _Recorder(TorchDispatchMode):
         self.node_module: dict[int, str] = {}
         self.clock = 0                              # bytes read + written by the ops so far
         self.touched: dict[int, int] = {}           # storage -> clock at its last read or write
+        self.failure: tuple[BaseException, str] | None = None   # the last op that raised, and its module
 
     def _module(self) -> str:
         """The innermost module running this op. Forward: ModuleTracker's deepest parent, also
         remembered for the autograd node the op creates (nodes are numbered before the op is
         dispatched: ``_get_sequence_nr() - 1`` is its node). Backward: the module whose forward
-        created the node being run -- backward hooks alone misplace ops between modules."""
+        created the node being run -- backward hooks alone misplace ops between modules. An
+        in-place op on a view (``x[mask] = v``) is run backward by a CopySlices node numbered
+        right after the op's own node, once the op has returned: it belongs to that op's module."""
         if self.phase == "optimizer":
             return "(optimizer)"
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
-            if node is not None and node._sequence_nr() in self.node_module:
-                return self.node_module[node._sequence_nr()]
+            seq = node._sequence_nr() if node is not None else -1
+            for nr in (seq, seq - 1):
+                if nr in self.node_module:
+                    return self.node_module[nr]
         parents = [p for p in self.modules.parents if p != "Global"]
         deepest = max(parents, key=lambda p: (p.count("."), len(p))) if parents else ""
         # ModuleTracker names start with the root's class name: "GPT.blocks.0.attn" -> "blocks.0.attn"
@@ -183,6 +195,15 @@ class _Recorder(TorchDispatchMode):
         if self.phase == "forward":
             self.node_module.setdefault(torch._C._autograd._get_sequence_nr() - 1, name)
         return name
+
+    def failed_module(self, exc: BaseException) -> str:
+        """The module whose op raised ``exc`` (or one it was raised from); else the module running now."""
+        seen = exc
+        while seen is not None and self.failure is not None:
+            if seen is self.failure[0]:
+                return self.failure[1]
+            seen = seen.__cause__ or seen.__context__
+        return self._module()
 
     def _touch(self, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> tuple[tuple[int, int], ...]:
         """Each input's (bytes, reuse distance); then the op's inputs and outputs are the most
@@ -203,9 +224,18 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        try:
+            out = _grouped_mm_any_dtype(args, kwargs) if func is _GROUPED_MM and _not_bf16(args) \
+                else func(*args, **kwargs)
+        except Exception as exc:
+            # named now: once the exception leaves backward, the autograd node that ran this op is
+            # gone and ModuleTracker's parents are those of whichever module backward entered last
+            self.failure = (exc, self._module())
+            raise
         if func.namespace != "aten":                     # prim.device, profiler markers: no work
             return out
+        if not self.on and self.phase == "forward":
+            self._module()                               # remembers the node's module: the first step's backward
         ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         view = _is_view(func)
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
@@ -233,12 +263,52 @@ class _Recorder(TorchDispatchMode):
         dtype = str(floats[0].dtype).replace("torch.", "") if floats else ""
         sig = name + str([(tuple(t.shape), tuple(t.stride()), str(t.dtype)) for t in ins]) + str(
             [a for a in tree_flatten((args, kwargs))[0] if not isinstance(a, torch.Tensor)])
-        replay = (func, tree_map(_spec, args), tree_map(_spec, kwargs)) if cls != VIEW else None
+        replay = (func, tree_map(_spec, args), tree_map(_spec, kwargs)) \
+            if cls != VIEW and name not in NOT_REPLAYABLE else None
         self.ops.append(OpRecord(name, self._module(), self.phase, cls, flops, read, written, dtype, sig, replay,
                                  reads))
         if cls == CONV and self.live_bytes is not None:
             self.transient_peak = max(self.transient_peak, self.live_bytes() + _onednn_conv_buffers(name, args, out))
         return out
+
+
+_GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+_GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
+
+
+def _not_bf16(args: tuple) -> bool:
+    """Both operands of one floating dtype other than bf16 (mixed dtypes: the kernel refuses them too)."""
+    dtypes = {t.dtype for t in args[:2] if isinstance(t, torch.Tensor)}
+    return len(dtypes) == 1 and next(iter(dtypes)).is_floating_point and torch.bfloat16 not in dtypes
+
+
+def _grouped_mm_any_dtype(args: tuple, kwargs: dict) -> torch.Tensor:
+    """``aten._grouped_mm`` of fp32 operands, as the CPU kernel computes it: torch's meta kernel
+    accepts bf16 only (the CUDA kernel's rule), so the fake step of a Mixture-of-Experts layer
+    in fp32 -- transformers' MoE experts keep fp32 weights under autocast too -- stopped there.
+    The output's shape comes from the meta kernel on bf16 stand-ins, outside every mode (they
+    are no memory of the step); its dtype is the operands' (or ``out_dtype``)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def stand_in(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        dtype = torch.bfloat16 if t.is_floating_point() else t.dtype
+        return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device="meta")
+    with _disable_current_modes():
+        shape = _GROUPED_MM(*tree_map(stand_in, args), **tree_map(stand_in, kwargs)).shape
+    return torch.empty(shape, dtype=kwargs.get("out_dtype") or args[0].dtype, device=args[0].device)
+
+
+def _grouped_mm_flops(a, b, *args, out_val=None, **kwargs) -> int:
+    """Every group's (m x k) @ (k x n) over its own rows: 2 x rows x K x N, the jagged dimension
+    at its full length (the offsets are values a trace does not have). Both operands 2-D (an
+    expert's weight gradient): the contraction is what is split, into the output's groups."""
+    k = a.shape[-1]
+    out = out_val.numel()
+    if a.dim() == 2 and b.dim() == 2:
+        return 2 * out * k // max(out_val.shape[0], 1)
+    return 2 * out * k
 
 
 def flop_formulas() -> dict:
@@ -276,6 +346,47 @@ def flop_formulas() -> dict:
             total -= whole - whole // groups
         return total
     table[aten.convolution_backward] = conv_backward
+    table.update(_rnn_flop_formulas())
+    if _GROUPED_MM is not None:
+        table.setdefault(aten._grouped_mm, _grouped_mm_flops)
+    return table
+
+
+def _rnn_tokens(x: torch.Tensor) -> int:
+    """Time steps x sequences an RNN runs over: (T, B, I), (B, T, I) or packed (sum T, I)."""
+    return x.numel() // max(x.shape[-1], 1)
+
+
+def _rnn_flop_formulas() -> dict:
+    """The fused RNN kernels the registry lacks: on a CPU an nn.LSTM runs as one oneDNN
+    ``mkldnn_rnn_layer`` per layer and direction, on CUDA as one cuDNN ``_cudnn_rnn``, and
+    without these they counted 0 FLOPs. Each time step multiplies its input by W_ih (G*H x I) and
+    the previous hidden state by W_hh (G*H x H), G gates: 2 x tokens x (|W_ih| + |W_hh|)
+    forward; backward multiplies the gates' gradient by both weights (input and hidden
+    gradients) and by the inputs (weight gradients): twice the forward. Gate nonlinearities
+    are not counted, as the registry counts no elementwise op."""
+    aten = torch.ops.aten
+
+    def matrices(weights) -> int:             # biases (1-D) are not multiplied
+        return sum(w.numel() for w in weights if isinstance(w, torch.Tensor) and w.dim() == 2)
+
+    def mkldnn_fwd(x, w_ih, w_hh, *args, out_val=None, **kwargs):
+        return 2 * _rnn_tokens(x) * matrices((w_ih, w_hh))
+
+    def mkldnn_bwd(x, w_ih, w_hh, *args, out_val=None, **kwargs):
+        return 4 * _rnn_tokens(x) * matrices((w_ih, w_hh))
+
+    def cudnn_fwd(x, weight, *args, out_val=None, **kwargs):      # all layers and directions
+        return 2 * _rnn_tokens(x) * matrices(weight)
+
+    def cudnn_bwd(x, weight, *args, out_val=None, **kwargs):
+        return 4 * _rnn_tokens(x) * matrices(weight)
+    table = {}
+    for name, formula in (("mkldnn_rnn_layer", mkldnn_fwd), ("mkldnn_rnn_layer_backward", mkldnn_bwd),
+                          ("_cudnn_rnn", cudnn_fwd), ("_cudnn_rnn_backward", cudnn_bwd)):
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            table[packet] = formula
     return table
 
 
@@ -324,8 +435,13 @@ def trace_step(model: nn.Module, make_batch: Callable[[], tuple[Any, Any]],
     from tensorpilot.observe.flops import meta_copy
 
     shadow = meta_copy(model)          # the fake parameters replace the copy's, never the caller's
-    with _quiet_fake_tensor_log():
-        return _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, clip_grad_norm)
+    # warnings the model's code raises are shown once the step traced; a step that failed is
+    # reported as one sentence, without them
+    with warnings.catch_warnings(record=True) as caught, _quiet_fake_tensor_log():
+        trace = _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, clip_grad_norm)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return trace
 
 
 def _to_fake(model: nn.Module, device: str) -> None:
@@ -345,17 +461,42 @@ def _to_fake(model: nn.Module, device: str) -> None:
 
 @contextlib.contextmanager
 def _quiet_fake_tensor_log():
-    """FakeTensorMode logs the traceback of an op it cannot run before raising; the caller
-    turns the exception into one sentence, so the log is silenced meanwhile."""
+    """FakeTensorMode logs the traceback of an op it cannot run before raising, and a forward
+    that raises makes the trackers' always-called forward hooks fail too, which torch reports
+    as a UserWarning; the caller turns the exception into one sentence, so both are silenced
+    meanwhile."""
     import logging
 
     log = logging.getLogger("torch._subclasses.fake_tensor")
     old = log.level
     log.setLevel(logging.CRITICAL)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*hook with ``always_call=True`` raised an exception",
+                                    category=UserWarning)
+            yield
     finally:
         log.setLevel(old)
+
+
+class _NoHook:
+    """The handle of a gradient hook never installed."""
+
+    def remove(self) -> None:
+        pass
+
+
+def _skip_frozen_grad_hooks(tracker, model: nn.Module) -> None:
+    """MemTracker hooks every parameter of a module it enters to see its gradient, and a
+    parameter that needs none (a frozen backbone, Whisper's fixed position embedding) refuses a
+    hook: ``RuntimeError: cannot register a hook on a tensor that doesn't require gradient``.
+    Such a parameter gets no gradient to follow; MemTracker is told its hook is installed."""
+    handles = getattr(tracker, "_param_to_grad_hook_handles", None)
+    if handles is None:                       # a MemTracker that no longer keeps them there
+        return
+    for p in model.parameters():
+        if not p.requires_grad:
+            handles[p] = (_NoHook(), _NoHook())
 
 
 def forward_loss(model: nn.Module, x: Any, y: Any, loss_fn: Callable) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -383,6 +524,7 @@ def _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, 
         params = [p for p in shadow.parameters() if p.requires_grad]
         opt = make_optimizer(params)
         tracker = MemTracker()
+        _skip_frozen_grad_hooks(tracker, shadow)
         tracker.track_external(shadow, opt)
 
         def live() -> float:
@@ -409,7 +551,7 @@ def _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, 
                 except TraceError:
                     raise
                 except Exception as exc:   # noqa: BLE001 - any op the fake tensors cannot run
-                    where = rec._module() if rec.phase != "optimizer" else "(optimizer)"
+                    where = rec.failed_module(exc)
                     raise TraceError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
                                      where) from exc
                 rec.phase = "optimizer"
