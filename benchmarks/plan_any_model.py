@@ -5,7 +5,7 @@ output's last dimension:
 
   predicted   planner.trace_source (one step on fake tensors) + plan_local(calibrate=False): step
               time from this machine's measured op costs; peak memory = MemTracker's traced peak.
-  measured    planner.measure_step: median wall time of 5 real steps after 2 warm-up steps, with freed
+  measured    planner.measure_step: median wall time of 7 real steps after 3 warm-up steps, with freed
               host memory kept for reuse as `tensorpilot train` runs a CPU step; peak =
               bytes live at step start (parameters, buffers, AdamW state, the batch) + the largest
               running sum of the allocator's allocation/free events of one more step, recorded by
@@ -192,7 +192,7 @@ def run_config(name: str, tmp: Path, precision: str, batch: int) -> dict:
         waited += wait_quiet()
         with LoadMeter() as meter:
             m = planner.measure_step(src, **kw, input_shape=shape, input_dtype=dtype, known=set(known),
-                                     steps=5, warmup=2)
+                                     steps=7, warmup=3)
         load = meter.result.foreign if meter.result.foreign is not None else 0.0
         if best is None or load < best[1]:
             best = (m, load)
@@ -298,7 +298,7 @@ def _mib(b):
 def markdown(data: dict) -> str:
     mach, s = data["machine"], data["summary"]
     out = [f"# plan any model: predicted vs measured, {mach['cpu']} ({mach['logical_cpus']} CPUs, torch {mach['torch']})",
-           "", f"`{data['command']}`, {data['finished']}. AdamW, cross-entropy. Step: median of 5 real steps "
+           "", f"`{data['command']}`, {data['finished']}. AdamW, cross-entropy. Step: median of 7 real steps (after 3 warm-up) "
            "(flush-to-zero on); peak: live bytes at step start + allocator peak of a profiled step; cal: leave-one-"
            "model-out factors. Error = predicted / measured - 1. load: others' share of the CPUs while measuring.", "",
            "| model | family | prec | batch | pred ms | cal ms | meas ms | err | cal err | pred MiB | meas MiB | err "
