@@ -159,6 +159,11 @@ def _torchvision_importable() -> None:
         return                                            # its extension loads: nothing to do
     except OSError:
         pass
+    try:                                                  # declared already: by another import of this
+        torch.ops.torchvision.nms                         # file under another name (user_models vs
+        return                                            # benchmarks.user_models), or by torchvision
+    except (AttributeError, RuntimeError):
+        pass
     _TV_LIB = torch.library.Library("torchvision", "DEF")
     for op in ("nms", "qnms"):
         _TV_LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")

@@ -370,12 +370,13 @@ def _save(device: str, data: dict[str, Any]) -> None:
 # share of the CPUs other processes used while ops were replayed above which the new timings are
 # not cached (on 2 cores: one busy core elsewhere is 50%)
 LOADED_SHARE = 0.25
+LOAD_WINDOW_S = 0.5                      # the shortest window the load is judged over
 
 
 def local_costs(caps: Any, ops: list[OpRecord], *, budget_s: float = MEASURE_BUDGET_S) -> DeviceCosts:
     """Costs on this machine's device ``caps`` (hardware.device.DeviceCaps) for the trace ``ops``:
     their compute ops replayed (cached), bandwidth by size and per-op overheads measured once."""
-    from tensorpilot.bench.measure import LoadMeter
+    from tensorpilot.hardware.load import LoadMeter
     from tensorpilot.hardware.hostmem import retain_freed_host_memory
     from tensorpilot.hardware.peak import device_peak
     from tensorpilot.hardware.probe import copy_bandwidth
@@ -432,6 +433,8 @@ def local_costs(caps: Any, ops: list[OpRecord], *, budget_s: float = MEASURE_BUD
                     spent += time.perf_counter() - t0
                     if seconds is not None:
                         table[sig] = min(seconds, table.get(sig, math.inf))
+        if hot or cold:                  # /proc/stat counts 10 ms ticks: a few ms of replays say nothing
+            time.sleep(max(LOAD_WINDOW_S - (time.perf_counter() - meter.t0), 0.0))
     _FLUSH.clear()
     name = f"{caps.name} (measured)"
     foreign = meter.result.foreign if caps.kind == "cpu" and (hot or cold) else None
