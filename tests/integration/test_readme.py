@@ -47,7 +47,7 @@ def chains(commands: list[list[str]]) -> list[list[list[str]]]:
     its generate, resume or deploy) share one, in README order; any other command is a group."""
     groups: dict[str, list[list[str]]] = {}
     for i, argv in enumerate(commands):
-        runs = [a.split("/")[1] for a in argv if a.startswith("runs/") and a.count("/") >= 1]
+        runs = [a.split("/")[1] for a in argv if a.startswith("runs/")]
         groups.setdefault(f"runs/{runs[0]}" if runs else str(i), []).append(argv)
     return list(groups.values())
 

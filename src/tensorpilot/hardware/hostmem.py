@@ -9,6 +9,9 @@ import platform
 
 # glibc mallopt parameters (<malloc.h>)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+# glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): a block above it always
+# gets a mapping of its own, so its pages fault afresh each time it is allocated
+MMAP_CEILING = 32 << 20
 
 
 def retain_freed_host_memory() -> str | None:
@@ -30,7 +33,7 @@ def retain_freed_host_memory() -> str | None:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return None
-    ok = (mallopt(_M_MMAP_THRESHOLD, 32 << 20)       # blocks up to 32 MiB from the heap
+    ok = (mallopt(_M_MMAP_THRESHOLD, MMAP_CEILING)       # blocks up to 32 MiB from the heap
           and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)   # never give the heap's top back
           and mallopt(_M_TOP_PAD, 64 << 20))          # grow the heap 64 MiB at a time
     return "glibc malloc keeps freed memory for reuse (fewer page faults)" if ok else None

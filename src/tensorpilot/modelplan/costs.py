@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from tensorpilot.hardware.hostmem import MMAP_CEILING
 from tensorpilot.observe.trace import COMPUTE_CLASSES, VIEW, ATTENTION, OpRecord, TensorSpec
 
 DTYPE_KEYS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "": "fp32"}
@@ -235,11 +236,6 @@ def _flush_buffer(device: str, nbytes: int) -> torch.Tensor:
     return _FLUSH[(device, nbytes)]
 
 
-# glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit): a block above it gets a
-# fresh mapping however malloc is tuned (hardware/hostmem.py), so its pages fault on first touch
-_MMAP_CEILING = 32 << 20
-
-
 def _maps_fresh_pages(out: Any, device: str) -> bool:
     """Whether the op's output has a CPU block above glibc's mmap ceiling. Its page faults cost
     several times more in some runs than in others on a virtual machine (the host backs the
@@ -248,7 +244,7 @@ def _maps_fresh_pages(out: Any, device: str) -> bool:
     run kept, as noise only ever adds time."""
     if device.split(":")[0] != "cpu":
         return False
-    return any(isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > _MMAP_CEILING
+    return any(isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > MMAP_CEILING
                for t in tree_flatten(out)[0])
 
 
