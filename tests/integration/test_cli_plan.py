@@ -25,6 +25,12 @@ def test_plan_json_has_the_promised_fields(tmp_path):
     parts = {k: v for k, v in d["memory_bytes"].items() if k != "total"}
     assert d["memory_bytes"]["total"] == pytest.approx(sum(parts.values()))
     assert d["layout"] == "fsdp" and d["fits"] is True
+    # the same run eagerly: more elementwise traffic, a longer step, the same memory
+    proc = run_cli("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq-len", "8192",
+                   "--global-batch", "16", "--precision", "bf16", "--recompute", "selective",
+                   "--sharding", "fsdp", "--overlap-comm", "--kernels", "eager", "--json", cwd=tmp_path, check=True)
+    eager = json.loads(proc.stdout)
+    assert eager["step_time_s"] > d["step_time_s"] and eager["memory_bytes"] == d["memory_bytes"]
 
 
 def test_plan_readable_output(tmp_path):

@@ -86,6 +86,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "keep much less, see plan/memory.py)")
     t.add_argument("--attention", default="flash", choices=["flash", "materialized"],
                    help="Fused (flash/SDPA) attention or materialised s x s scores (default: flash).")
+    t.add_argument("--kernels", default="fused", choices=["fused", "eager"],
+                   help="How norms, activations and rotary embeddings run: fused (torch.compile, Megatron / "
+                        "Transformer Engine, XLA) or eager PyTorch, one kernel an op, which moves 2-4x the "
+                        "bytes on a Llama-style block (default: fused).")
     c = p.add_argument_group("time, cost and energy")
     c.add_argument("--tokens", type=float, default=None, metavar="N",
                    help="Tokens to train (e.g. 1e12) for time, GPU-hours, cost and energy.")
@@ -198,7 +202,8 @@ def _setup(args, spec, replicas: int):
             raise UsageError(f"the default global batch, {replicas:,} replicas x --micro-batch {args.micro_batch:,}, "
                              f"exceeds {MAX_SEQUENCES:,} sequences; pass --global-batch.")
     return TrainSetup(seq_len=seq, global_batch=batch, precision=args.precision, optimizer=args.optimizer,
-                      attention=args.attention, tokens=args.tokens, price_per_hour=args.price_per_hour,
+                      attention=args.attention, kernels=args.kernels, tokens=args.tokens,
+                      price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
                       else cal.DEFAULT_GRID_G_PER_KWH,
                       goodput=args.goodput if args.goodput is not None else cal.GOODPUT)
@@ -290,7 +295,7 @@ def _print_plan(plan, spec, setup) -> None:
     lo = plan.layout_detail
     con.print(f"[bold]{spec.name}[/] ({spec.n_params / 1e9:,.2f}B params) on {plan.n_devices} x {plan.hardware}, "
               f"layout [bold]{plan.layout}[/] ({lo.describe()}), seq {setup.seq_len}, global batch "
-              f"{setup.global_batch}, {setup.precision}, {setup.attention} attention")
+              f"{setup.global_batch}, {setup.precision}, {setup.attention} attention, {setup.kernels} kernels")
     mt = Table(title="memory per device (busiest)", show_header=False)
     for k, v in plan.memory_bytes.items():
         if k != "total":

@@ -47,12 +47,15 @@ def local_accelerator(caps: Any) -> Accelerator:
                        mem_bw_gb_per_s=copy / 1e9 / cal.MEMORY_BW_FRACTION, link_gb_per_s=link, **peaks)
 
 
-def local_plan(spec: Any, seq_len: int, acc: Accelerator, *, layout: Any, global_batch: int, precision: str):
+def local_plan(spec: Any, seq_len: int, acc: Accelerator, *, layout: Any, global_batch: int, precision: str,
+               compiled: bool = False):
     """The planner's Plan of one training configuration of ``spec`` (a ModelSpec; from a
     workload spec's planner) on ``acc`` (e.g. ``local_accelerator``) with ``layout`` (a
-    tensorpilot.layout.Layout: micro-batch and recomputation included)."""
+    tensorpilot.layout.Layout: micro-batch and recomputation included); ``compiled``: the
+    step runs under torch.compile (fused elementwise kernels), else eagerly."""
     from tensorpilot.plan.predict import TrainSetup, predict
 
     setup = TrainSetup(seq_len=seq_len, global_batch=global_batch,
-                       precision="fp32" if precision == "tf32" else precision, attention="flash")
+                       precision="fp32" if precision == "tf32" else precision, attention="flash",
+                       kernels="fused" if compiled else "eager")
     return predict(spec, acc, layout, setup)

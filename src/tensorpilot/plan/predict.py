@@ -41,6 +41,7 @@ class TrainSetup:
     precision: str = "bf16"               # see memory.precision
     optimizer: str = "adam"
     attention: str = "flash"              # flash (fused, causal half computed) | materialized
+    kernels: str = "fused"                # elementwise ops: fused (Megatron/TE, XLA, torch.compile) | eager
     tokens: float | None = None           # tokens to train, for time / cost / energy
     price_per_hour: float | None = None   # USD per device-hour; default: the catalog's price
     grid_g_per_kwh: float = cal.DEFAULT_GRID_G_PER_KWH
@@ -55,6 +56,8 @@ class TrainSetup:
             check_number("price_per_hour", self.price_per_hour, MAX_PRICE_PER_HOUR)
         check_number("grid_g_per_kwh", self.grid_g_per_kwh, MAX_GRID_G_PER_KWH)
         check_number("goodput", self.goodput, 1.0, above_low=True)
+        if self.kernels not in tm.KERNELS:
+            raise ConfigError(f"kernels must be one of {', '.join(tm.KERNELS)}, not {self.kernels!r}.")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -242,7 +245,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
 
     # ---- time of one micro-batch through the busiest stage
     lt = tm.layer_times(spec, rates, seq_len=seq_local, micro_batch=lo.micro_batch, tp=lo.tp,
-                        sequence_parallel=lo.sequence_parallel, attention=s.attention, e=e, kv_len=s.seq_len)
+                        sequence_parallel=lo.sequence_parallel, attention=s.attention, e=e, kv_len=s.seq_len,
+                        kernels=s.kernels, autocast=prec.name.endswith("-amp"))
     # op-level SAC re-runs every second linear (their share of the block's GEMM FLOPs) and every
     # elementwise op, not attention
     op_gemm_s = lt.gemm_fwd_s * op_recomputed_gemm_flops(spec, 1) / sum(g.flops for g in layer_gemms(spec, 1)) \

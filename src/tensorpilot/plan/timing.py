@@ -22,7 +22,10 @@ from tensorpilot.plan import calibration as cal
 from tensorpilot.plan.flops import attention_core_flops, layer_gemms
 from tensorpilot.plan.models import ModelSpec
 
-__all__ = ["DeviceRates", "allgather_time_s", "allreduce_time_s", "bubble_fraction", "gemm_time_s",
+# how the elementwise ops run: fused kernels (hand-written or compiled) or one PyTorch op a kernel
+KERNELS = ("fused", "eager")
+
+__all__ = ["KERNELS", "DeviceRates", "allgather_time_s", "allreduce_time_s", "bubble_fraction", "gemm_time_s",
            "layer_times", "pipeline_time_s", "reducescatter_time_s", "ring_allreduce_bytes_factor"]
 
 
@@ -103,21 +106,56 @@ class LayerTimes:
         return 2 * self.gemm_fwd_s + self.attention_bwd_s + 2 * self.elementwise_fwd_s
 
 
-def elementwise_bytes_per_token(spec: ModelSpec, *, tp: int, sequence_parallel: bool, e: float) -> float:
+def elementwise_bytes_per_token(spec: ModelSpec, *, tp: int, sequence_parallel: bool, e: float,
+                                kernels: str = "fused", autocast: bool = False) -> float:
     """Forward traffic of the memory-bound ops of one block, per token, one device.
 
-    Each op reads its inputs and writes its output once: norms 2h each, residual adds 3h each,
-    activation 2f (GeLU) or 3f (SwiGLU: gate, up -> product), dropout 2h + 1-byte mask each.
-    Norms, residuals and dropouts run on every TP rank unless sequence-parallel.
+    ``kernels="fused"`` (hand-fused kernels as in Megatron / Transformer Engine, XLA, or
+    torch.compile's Inductor): each op reads its inputs and writes its output once: norms 2h
+    each, residual adds 3h each, activation 2f (GeLU) or 3f (SwiGLU: gate, up -> product),
+    dropout 2h + 1-byte mask each.
+
+    ``kernels="eager"``: every PyTorch op is its own kernel and moves its tensors once, so these
+    ops move more than the fused count (bytes an element; e = activation bytes):
+    - RMSNorm is composite in fp32 (Hugging Face LlamaRMSNorm, torch.nn.RMSNorm's reference
+      path): upcast, square, mean, scale by the reciprocal root, downcast, weight: 28 + 4e
+      (28 in fp32, no casts). Gated-MLP models are taken to use RMSNorm and RoPE (every such
+      family does); others a LayerNorm, one native kernel: 2e.
+    - rotary embedding of q and k in fp32 (upcast, complex product, downcast): 16 + 2e (8 in fp32);
+    - SwiGLU as silu(gate) then a product: 5e against 3e a ffn element;
+    - the attention output transposed back to (tokens, heads x head_dim) before its projection: 2e.
+    Under ``autocast`` (fp32 weights, torch.autocast) the residual stream stays fp32 (the
+    embedding output is fp32 and fp32 + half is fp32): each residual add reads 4 + e and writes
+    4; norms run in fp32 (layer_norm is on autocast's fp32 list: 8; RMSNorm 28 without casts)
+    and their output is cast to e for the next GEMM (4 + e).
+    GeLU and dropout move the same in both. Norms, residuals and dropouts run on every TP rank
+    unless sequence-parallel.
     """
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {kernels!r}")
     h, f = spec.hidden, spec.ffn_hidden
-    replicated = (2 * h + 3 * h) * 2 * e + (2 * (2 * h * e + h) if spec.dropout else 0)
-    split = (3 if spec.mlp == "swiglu" else 2) * f * e
+    gated = spec.mlp == "swiglu"
+    norm, residual = 2 * e, 3 * e                       # bytes an element of h
+    act = (3 if gated else 2) * f * e
+    rope = attn_out = 0.0
+    if kernels == "eager":
+        attn_out = 2 * spec.q_dim * e
+        if autocast:
+            residual = 4 + e + 4
+            norm = (28 if gated else 8) + 4 + e
+        elif gated:
+            norm = 28 + 4 * e if e < 4 else 28
+        if gated:
+            act = 5 * f * e
+            rope = (16 + 2 * e if e < 4 else 8) * (spec.q_dim + spec.kv_dim)
+    replicated = (norm + residual) * h * 2 + (2 * (2 * h * e + h) if spec.dropout else 0)
+    split = act + rope + attn_out
     return (replicated / (tp if sequence_parallel else 1) + split / tp) * cal.ELEMENTWISE_TRAFFIC_FACTOR
 
 
 def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batch: int, tp: int,
-                sequence_parallel: bool, attention: str, e: float, kv_len: int | None = None) -> LayerTimes:
+                sequence_parallel: bool, attention: str, e: float, kv_len: int | None = None,
+                kernels: str = "fused", autocast: bool = False) -> LayerTimes:
     """``seq_len``: the tokens of each sequence on this device; ``kv_len``: the keys each of
     them attends over (context parallelism: seq_len / cp local queries against all seq_len keys,
     chunks load-balanced so each rank gets 1/cp of the causal work)."""
@@ -139,7 +177,8 @@ def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batc
         soft = score_bytes * cal.ELEMENTWISE_TRAFFIC_FACTOR / rates.mem_bytes_per_s
         att_f = bmm + soft
         att_b = 2 * bmm + 2 * soft
-    ew = tokens * elementwise_bytes_per_token(spec, tp=tp, sequence_parallel=sequence_parallel, e=e) \
+    ew = tokens * elementwise_bytes_per_token(spec, tp=tp, sequence_parallel=sequence_parallel, e=e,
+                                              kernels=kernels, autocast=autocast) \
         / rates.mem_bytes_per_s
     # one TP collective: all-reduce of the (tokens, h) block output (with sequence parallelism a
     # reduce-scatter + all-gather pair: the same bytes), inside a node

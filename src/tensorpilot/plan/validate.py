@@ -74,6 +74,13 @@ _FLASH_SOURCES = ("llm-foundry", "torchtitan", "nemo", "megatron-bridge", "megat
 # frameworks whose published recipes shard optimizer state over dp (Megatron's distributed
 # optimizer, use_distributed_optimizer=True) and turn on sequence parallelism with tp > 1
 _MEGATRON_RECIPE_SOURCES = ("nemo", "megatron-bridge")
+# PyTorch-native frameworks whose published runs execute the model eagerly unless their notes
+# say torch.compile (TrainSetup.kernels): each elementwise op its own kernel. Megatron, NeMo,
+# DeepSpeed-Megatron, JAX/XLA and hand-fused CUDA code (llm.c, flash-attention's training
+# scripts, NVIDIA's BERT) fuse theirs.
+_EAGER_SOURCES = ("llm-foundry", "mosaicml", "torchtitan", "torchtune", "olmo-core", "fms-fsdp",
+                  "foundation-model-stack", "huggingface", "transformers", "accelerate", "colossalai",
+                  "hpcaitech")
 # notes that say the run hid its collectives behind compute (Layout.overlap_comm), with spaces
 # dropped and underscores read as hyphens: Megatron's flags, torchtitan's async TP
 _OVERLAP_PHRASES = ("tp-comm-overlap", "overlap-param-gather", "asynctp", "async-tp")
@@ -299,10 +306,22 @@ def _layout_setup(row, spec: ModelSpec):
         # autocast's fp32 weights (a bare "bf16" elsewhere is torchtitan's FSDP2 mixed precision)
         precision = "bf16"
     setup = TrainSetup(seq_len=_int(row, "seq_len", spec.max_seq_len if spec else 2048),
-                       global_batch=batch, precision=precision,
+                       global_batch=batch, precision=precision, kernels=_kernels(row),
                        optimizer=_optimizer(row), attention="flash" if flash else "materialized",
                        tokens=tokens if tokens and tokens > 0 else None)
     return layout, setup
+
+
+def _kernels(row) -> str:
+    """Eager where the notes say so ("eager", "no compile") or a PyTorch-native framework ran
+    without torch.compile; fused otherwise."""
+    notes = _text(row, "flops_convention").lower()
+    if re.search(r"\beager\b|\bno (torch\.)?compile|without (torch\.)?compile", notes):
+        return "eager"
+    # torch.compile named, or implied: PyTorch's async TP is an Inductor pass (micro-pipeline TP)
+    if "compile" in notes or re.search(r"async[- ]?tp", notes):
+        return "fused"
+    return "eager" if any(k in _text(row, "source").lower() for k in _EAGER_SOURCES) else "fused"
 
 
 # ------------------------------------------------------------------------------ predictions

@@ -199,7 +199,8 @@ def plan_predictor(planned: tuple[Any, int] | None, caps: DeviceCaps, *, global_
     def predict_one(c: Candidate) -> Prediction:
         try:
             layout = Layout(micro_batch=c.micro_batch, recompute="full" if c.activation_checkpointing else "none")
-            p = local_plan(*planned, acc, layout=layout, global_batch=global_batch, precision=c.precision)
+            p = local_plan(*planned, acc, layout=layout, global_batch=global_batch, precision=c.precision,
+                           compiled=c.compile)
         except Exception as exc:  # noqa: BLE001 - a precision the device lacks, etc.: no prediction
             return Prediction(True, None, None, f"no prediction ({exc})")
         return Prediction(p.fits, p.step_time_s, p.memory_bytes["total"],

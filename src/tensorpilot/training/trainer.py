@@ -988,7 +988,8 @@ class Trainer:
 
             try:
                 p = local_plan(*planned, local_accelerator(self.caps), layout=self.plan.layout,
-                               global_batch=self.plan.samples_per_step, precision=self.plan.precision)
+                               global_batch=self.plan.samples_per_step, precision=self.plan.precision,
+                               compiled=self.plan.compiled)
                 out["formula"] = {"step_time_s": p.step_time_s, "memory_bytes": p.memory_bytes["total"],
                                   "hardware": p.hardware, "layout": p.layout, "n_devices": p.n_devices,
                                   "power_w_per_device": p.power_w_per_device}
