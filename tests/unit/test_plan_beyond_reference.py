@@ -221,7 +221,34 @@ def test_an_nvlink_rack_keeps_a_64_gpu_group_on_nvlink():
     assert gb200.link_domain_gpus == 72 and b200.link_domain_gpus is None
     fast, slow = device_rates(gb200, "bf16"), device_rates(b200, "bf16")
     assert tm.group_link(fast, 64, 1)[0] == fast.link_bytes_per_s == 1800e9 / 2 * 0.8
-    assert tm.group_link(slow, 64, 1)[0] == slow.internode_bytes_per_s == 400e9 / 8 * 0.9
+    # B200 boards of 8: the group's 8 ranks on each node drive the node's 8 NICs of 400 Gb/s
+    assert slow.internode_bytes_per_s == 400e9 / 8 * 0.9
+    assert tm.group_link(slow, 64, 1)[0] == 8 * slow.internode_bytes_per_s
+
+
+def test_a_group_across_nodes_uses_one_nic_per_rank_on_each_node():
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    a100 = device_rates(catalog.get("a100-sxm4-80gb"), "bf16")       # 8 GPUs a node, 200 Gb/s each
+    nic = 200e9 / 8 * 0.9
+    assert tm.group_link(a100, 8, 1)[0] == a100.link_bytes_per_s         # one node: NVLink
+    assert tm.group_link(a100, 64, 1)[0] == 8 * nic                      # FSDP over 8 nodes: 8 NICs
+    assert tm.group_link(a100, 16, 4)[0] == 2 * nic                      # dp of tp=4: 2 ranks a node
+    assert tm.group_link(a100, 8, 8)[0] == nic                           # dp of tp=8: one rank a node
+    assert tm.group_link(a100, 64, 8)[1] > tm.group_link(a100, 8, 1)[1]  # network latency
+
+
+def test_an_overlapped_collective_slows_the_compute_beside_it():
+    """One block's share of a collective always waits; the rest hides behind compute, which runs
+    slower by the device share the collective's kernels hold while they run beside it."""
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.predict import _exposed
+
+    share = cal.COLLECTIVE_COMPUTE_SHARE
+    assert _exposed(1.0, 10.0, 4) == pytest.approx(0.25 + share * 0.75)      # hidden but one block
+    assert _exposed(1.0, 0.5, 4) == pytest.approx(0.5 + share * 0.5)         # compute covers half
+    assert _exposed(1.0, 0.0, 4) == pytest.approx(1.0)                       # nothing to hide behind
 
 
 def test_context_parallelism_by_hand():

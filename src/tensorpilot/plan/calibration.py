@@ -71,6 +71,11 @@ ELEMENTWISE_TRAFFIC_FACTOR = 1.5
 LINK_BW_FRACTION = 0.80
 # InfiniBand/RoCE NICs sustain ~90% of line rate in nccl-tests across nodes.
 INTERNODE_BW_FRACTION = 0.90
+# Compute that runs beside an overlapped collective slows by the share of the device the
+# collective's kernels hold: NCCL runs one thread block per channel, 16-32 channels on
+# NVLink/InfiniBand systems, of 108 (A100) to 132 (H100) SMs, and its copies contend for HBM.
+# ASSUMED 0.12 (16 of 132 SMs), global.
+COLLECTIVE_COMPUTE_SHARE = 0.12
 # Per-step latency (alpha) of one ring step: NVLink ~ a few us, network ~ 10 us.
 ALPHA_INTRA_S = 5e-6
 ALPHA_INTER_S = 10e-6

@@ -120,6 +120,14 @@ def device_rates(acc: Accelerator, compute_dtype: str) -> tm.DeviceRates:
                           gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE)
 
 
+def _exposed(comm_s: float, compute_s: float, blocks: int) -> float:
+    """Exposed time of a collective overlapped with ``compute_s`` of work over ``blocks`` blocks:
+    at least one block's share waits, what compute cannot cover waits, and the compute it runs
+    beside slows by the share of the device the collective's kernels take."""
+    exposed = max(comm_s / blocks, comm_s - compute_s)
+    return exposed + cal.COLLECTIVE_COMPUTE_SHARE * (comm_s - exposed)
+
+
 def _power_cap_fraction(acc: Accelerator) -> float:
     """A variant that inherits its base part's peaks under a lower power limit runs slower clocks
     (calibration.power_cap_clock_fraction); a variant whose own datasheet restates its peaks (H200
@@ -308,29 +316,29 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                 # last backward (torchtitan's reshard_after_forward default under PP; Llama 3
                 # paper, section 3.3.2: "we do not reshard after forward computation"): one
                 # all-gather and one reduce-scatter a step, each behind a micro-batch of work
-                dp_exposed = max(ag / layers_stage, ag - fwd_s) + max(rs / layers_stage, rs - bwd_micro_s)
+                dp_exposed = _exposed(ag, fwd_s, layers_stage) + _exposed(rs, bwd_micro_s, layers_stage)
             else:
                 # without one, each block is gathered before its forward and again before its
                 # backward (reshard_after_forward=True) and its gradient reduce-scattered, every
                 # micro-batch; each collective overlaps the neighbouring block's compute
-                dp_exposed = n_micro * (max(ag / layers_stage, ag - fwd_s)
-                                        + max((ag + rs) / layers_stage, ag + rs - bwd_micro_s))
+                dp_exposed = n_micro * (_exposed(ag, fwd_s, layers_stage)
+                                        + _exposed(ag + rs, bwd_micro_s, layers_stage))
             if shard < replicas:
                 bw_r, alpha_r = tm.group_link(rates, replicas // shard, lo.tp * shard)
                 ar = tm.allreduce_time_s(grad_bytes / shard, replicas // shard, bw_r, alpha_r)
-                dp_exposed += max(ar / layers_stage, ar - bwd_micro_s)
+                dp_exposed += _exposed(ar, bwd_micro_s, layers_stage)
         else:
             if lo.zero_stage == 2:     # reduce-scatter every micro-batch, overlapped with backward
                 rs = tm.reducescatter_time_s(grad_bytes, replicas, bw, alpha)
-                dp_exposed = n_micro * max(rs / layers_stage, rs - bwd_micro_s)
+                dp_exposed = n_micro * _exposed(rs, bwd_micro_s, layers_stage)
             else:                      # one all-reduce (ZeRO-1: reduce-scatter) in the last backward
                 ar = tm.allreduce_time_s(grad_bytes, replicas, bw, alpha)
                 reduce = ar / 2 if lo.zero_stage == 1 else ar
-                dp_exposed = max(reduce / layers_stage, reduce - bwd_micro_s)
+                dp_exposed = _exposed(reduce, bwd_micro_s, layers_stage)
             if lo.zero_stage in (1, 2):  # updated weights gathered after the optimizer step
                 ag = tm.allgather_time_s(half_param_bytes, replicas, bw, alpha)
                 # overlapped: each block's weights arrive behind the next step's forward
-                dp_exposed += max(ag / layers_stage, ag - n_micro * fwd_s) if lo.overlap_comm else ag
+                dp_exposed += _exposed(ag, n_micro * fwd_s, layers_stage) if lo.overlap_comm else ag
 
     # ---- optimizer: streams weights, grads, master and states once each way
     opt_params = params_stage / (shard if lo.zero_stage >= 1 else 1)

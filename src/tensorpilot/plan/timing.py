@@ -77,11 +77,16 @@ reducescatter_time_s = allgather_time_s      # same traffic pattern, reversed
 
 def group_link(rates: DeviceRates, size: int, stride: int) -> tuple[float, float]:
     """(bandwidth, alpha) of a process group of ``size`` ranks spaced ``stride`` apart when ranks
-    fill nodes in order: it stays on the intra-node link when size x stride fits in a node,
-    else every device's share of the network is the bottleneck."""
+    fill nodes in order: it stays on the intra-node link when size x stride fits in a node.
+    Across nodes, the k ranks of the group on each node drive k NICs (one a GPU, rail-optimised
+    clusters): NCCL and XLA split a ring collective into channels spread over the node's NICs,
+    so a ring's inter-node hop carries 1/k of the data per NIC (nccl-tests on DGX A100/H100
+    nodes report multi-node bus bandwidths near 8 NICs' line rate, not one's). The intra-node
+    link still bounds it."""
     if size * stride <= rates.gpus_per_node:
         return rates.link_bytes_per_s, cal.ALPHA_INTRA_S
-    return min(rates.link_bytes_per_s, rates.internode_bytes_per_s), cal.ALPHA_INTER_S
+    k = max(1, min(size, rates.gpus_per_node // stride))
+    return min(rates.link_bytes_per_s, k * rates.internode_bytes_per_s), cal.ALPHA_INTER_S
 
 
 # ------------------------------------------------------------------------------ one layer
