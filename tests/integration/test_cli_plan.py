@@ -31,6 +31,11 @@ def test_plan_json_has_the_promised_fields(tmp_path):
                    "--sharding", "fsdp", "--overlap-comm", "--kernels", "eager", "--json", cwd=tmp_path, check=True)
     eager = json.loads(proc.stdout)
     assert eager["step_time_s"] > d["step_time_s"] and eager["memory_bytes"] == d["memory_bytes"]
+    # fp8 through torchao's torch._scaled_mm runs its GEMMs slower than Transformer Engine's
+    fp8 = {r: json.loads(run_cli("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--precision",
+                                 "fp8", "--fp8-recipe", r, "--json", cwd=tmp_path, check=True).stdout)
+           for r in ("te", "torchao")}
+    assert fp8["torchao"]["step_time_s"] > fp8["te"]["step_time_s"]
 
 
 def test_plan_readable_output(tmp_path):

@@ -504,3 +504,39 @@ def test_eager_over_compiled_matches_torchtunes_published_pair():
     setups = {k: TrainSetup(seq_len=4096, global_batch=2, precision="bf16-pure", kernels=k) for k in ("eager", "fused")}
     speed = {k: predict(spec, acc, Layout(micro_batch=2), s).tokens_per_s_per_device for k, s in setups.items()}
     assert speed["fused"] / speed["eager"] == pytest.approx(8998 / 7075, rel=0.10)
+
+
+def test_fp8_gemms_run_at_their_recipes_measured_fraction():
+    """Transformer Engine's fp8 GEMMs (cuBLASLt) reached 0.81 of H100's dense fp8 peak, torchao's
+    (torch._scaled_mm) 0.59 on the same hosts; attention and the rest stay at the bf16 rates."""
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.predict import device_rates
+
+    h100 = catalog.get("h100-sxm")
+    te, ao = device_rates(h100, "fp8"), device_rates(h100, "fp8", "torchao")
+    peak = h100.peak_flops_per_s("fp8")                           # 1979 TFLOP/s dense
+    assert peak == pytest.approx(1979e12, rel=1e-3)
+    assert te.matmul_flops_per_s == pytest.approx(peak * cal.SUSTAINED_COMPUTE_FRACTION * 0.81)
+    assert ao.matmul_flops_per_s == pytest.approx(peak * cal.SUSTAINED_COMPUTE_FRACTION * 0.59)
+    assert ao.attention_flops_per_s == te.attention_flops_per_s == device_rates(h100, "bf16").attention_flops_per_s
+    spec = get_model("llama3-8b")
+    plans = {r: predict(spec, h100, Layout(dp=8, sharding="fsdp", micro_batch=2),
+                        TrainSetup(seq_len=8192, global_batch=16, precision="fp8", fp8_recipe=r))
+             for r in ("te", "torchao")}
+    assert plans["torchao"].step_time_s > plans["te"].step_time_s
+    assert plans["torchao"].memory_bytes == plans["te"].memory_bytes
+    with pytest.raises(ConfigError, match="fp8_recipe must be one of te, torchao"):
+        TrainSetup(seq_len=128, global_batch=8, fp8_recipe="msamp")
+
+
+@pytest.mark.parametrize("precision,source,expected", [
+    ("bf16 + float8 linears", "pytorch/torchtitan docs/performance.md", "torchao"),
+    ("fp8", "allenai/OLMo-core README.md", "torchao"),
+    ("fp8", "NVIDIA/NeMo docs/source/performance/performance_summary.md", "te"),
+    ("fp8 amp", "mosaicml/llm-foundry scripts/train/benchmarking/README.md", "te"),
+])
+def test_rows_say_whose_fp8_gemms_they_ran(precision, source, expected):
+    from tensorpilot.plan.validate import _layout_setup, _spec
+
+    row = _row(precision=precision, source=source)
+    assert _layout_setup(row, _spec(row))[1].fp8_recipe == expected

@@ -23,8 +23,13 @@ DEFAULT_MAMF_FRACTION = 0.80
 # 1599-1630 TFLOP/s on 16 H100 SXM = 0.81 of the 1979 dense peak (public cuBLASLt cross-check
 # report, gitea.d-robotics.cc han.zhao/test_gpu_scripts, 2026-05); the same hosts measured
 # 1170-1180 (0.59) through torch._scaled_mm, so a recipe's GEMM path matters. Transformer Engine
-# calls cuBLASLt: 0.81 for Hopper. Other parts: their bf16 fraction (ASSUMED).
+# calls cuBLASLt: 0.81 for Hopper; torchao's float8 training (torchtitan, OLMo-core) calls
+# torch._scaled_mm: 0.59. Other parts: their bf16 fraction (ASSUMED).
 MAMF_FRACTION_FP8: dict[str, float] = {"h100-sxm": 0.81, "h200-sxm": 0.81}
+MAMF_FRACTION_FP8_SCALED_MM: dict[str, float] = {"h100-sxm": 0.59, "h200-sxm": 0.59}
+# fp8 training recipes by the GEMM path they take: Transformer Engine (NeMo, Megatron, llm-foundry)
+# or torchao's Float8Linear (torch._scaled_mm)
+FP8_RECIPES = ("te", "torchao")
 
 # A training step runs the tensor cores for minutes at full load, a GEMM benchmark for a burst:
 # under the power cap clocks settle 5-15% below boost on A100/H100 (public nvidia-smi traces of
@@ -135,9 +140,10 @@ def calibration_key(acc) -> str:
     return getattr(acc, "base", None) or acc.key
 
 
-def mamf_fraction(catalog_key: str | None, dtype: str = "bf16") -> float:
-    if dtype == "fp8" and (catalog_key or "") in MAMF_FRACTION_FP8:
-        return MAMF_FRACTION_FP8[catalog_key]
+def mamf_fraction(catalog_key: str | None, dtype: str = "bf16", fp8_recipe: str = "te") -> float:
+    table = MAMF_FRACTION_FP8_SCALED_MM if fp8_recipe == "torchao" else MAMF_FRACTION_FP8
+    if dtype == "fp8" and (catalog_key or "") in table:
+        return table[catalog_key]
     return MAMF_FRACTION.get(catalog_key or "", DEFAULT_MAMF_FRACTION)
 
 

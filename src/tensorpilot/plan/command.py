@@ -90,6 +90,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="How norms, activations and rotary embeddings run: fused (torch.compile, Megatron / "
                         "Transformer Engine, XLA) or eager PyTorch, one kernel an op, which moves 2-4x the "
                         "bytes on a Llama-style block (default: fused).")
+    t.add_argument("--fp8-recipe", default="te", choices=["te", "torchao"],
+                   help="With --precision fp8, whose GEMMs: te = Transformer Engine (cuBLASLt, 0.81 of the fp8 "
+                        "peak on H100/H200), torchao = torchao float8 training via torch._scaled_mm (0.59) "
+                        "(default: te).")
     c = p.add_argument_group("time, cost and energy")
     c.add_argument("--tokens", type=float, default=None, metavar="N",
                    help="Tokens to train (e.g. 1e12) for time, GPU-hours, cost and energy.")
@@ -202,7 +206,7 @@ def _setup(args, spec, replicas: int):
             raise UsageError(f"the default global batch, {replicas:,} replicas x --micro-batch {args.micro_batch:,}, "
                              f"exceeds {MAX_SEQUENCES:,} sequences; pass --global-batch.")
     return TrainSetup(seq_len=seq, global_batch=batch, precision=args.precision, optimizer=args.optimizer,
-                      attention=args.attention, kernels=args.kernels, tokens=args.tokens,
+                      attention=args.attention, kernels=args.kernels, fp8_recipe=args.fp8_recipe, tokens=args.tokens,
                       price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
                       else cal.DEFAULT_GRID_G_PER_KWH,

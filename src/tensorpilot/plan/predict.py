@@ -42,6 +42,7 @@ class TrainSetup:
     optimizer: str = "adam"
     attention: str = "flash"              # flash (fused, causal half computed) | materialized
     kernels: str = "fused"                # elementwise ops: fused (Megatron/TE, XLA, torch.compile) | eager
+    fp8_recipe: str = "te"                # fp8 GEMM path: te (Transformer Engine, cuBLASLt) | torchao (_scaled_mm)
     tokens: float | None = None           # tokens to train, for time / cost / energy
     price_per_hour: float | None = None   # USD per device-hour; default: the catalog's price
     grid_g_per_kwh: float = cal.DEFAULT_GRID_G_PER_KWH
@@ -58,6 +59,8 @@ class TrainSetup:
         check_number("goodput", self.goodput, 1.0, above_low=True)
         if self.kernels not in tm.KERNELS:
             raise ConfigError(f"kernels must be one of {', '.join(tm.KERNELS)}, not {self.kernels!r}.")
+        if self.fp8_recipe not in cal.FP8_RECIPES:
+            raise ConfigError(f"fp8_recipe must be one of {', '.join(cal.FP8_RECIPES)}, not {self.fp8_recipe!r}.")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -96,17 +99,17 @@ class Plan:
         return d
 
 
-def device_rates(acc: Accelerator, compute_dtype: str) -> tm.DeviceRates:
-    """Achievable rates in ``compute_dtype``. fp8 runs only the weight GEMMs in fp8: fused
-    attention stays bf16 (Transformer Engine's and torchao's default recipes), so its rate comes
-    from the bf16 peak."""
+def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -> tm.DeviceRates:
+    """Achievable rates in ``compute_dtype``. fp8 runs only the weight GEMMs in fp8, at the GEMM
+    fraction of ``fp8_recipe``'s path (calibration.FP8_RECIPES): fused attention stays bf16
+    (Transformer Engine's and torchao's default recipes), so its rate comes from the bf16 peak."""
     peak = acc.peak_flops_per_s(compute_dtype)
     if not peak:
         raise ConfigError(f"{acc.key} has no published {compute_dtype} peak; choose another --precision.")
     if compute_dtype == "fp8":
         half = device_rates(acc, "bf16")
         return tm.DeviceRates(matmul_flops_per_s=peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
-                              * cal.mamf_fraction(cal.calibration_key(acc), "fp8"),
+                              * cal.mamf_fraction(cal.calibration_key(acc), "fp8", fp8_recipe),
                               mem_bytes_per_s=half.mem_bytes_per_s, link_bytes_per_s=half.link_bytes_per_s,
                               internode_bytes_per_s=half.internode_bytes_per_s,
                               attention_flops_per_s=half.attention_flops_per_s, gpus_per_node=half.gpus_per_node)
@@ -213,7 +216,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     state = mem.optimizer_state_bytes(s.optimizer, spec.n_params, spec.matrices()) / spec.n_params
     prec = mem.precision(s.precision, s.optimizer, state_bytes_per_param=state)
     e = prec.act_bytes
-    rates = device_rates(acc, prec.compute)
+    rates = device_rates(acc, prec.compute, s.fp8_recipe)
     fp8 = prec.compute == "fp8"
     head_rates = device_rates(acc, "bf16") if fp8 else rates     # the output layer stays bf16 (TE, NeMo)
     n_micro = s.global_batch // (lo.dp * lo.micro_batch)        # micro-batches per replica per step

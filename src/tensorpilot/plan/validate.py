@@ -306,7 +306,7 @@ def _layout_setup(row, spec: ModelSpec):
         # autocast's fp32 weights (a bare "bf16" elsewhere is torchtitan's FSDP2 mixed precision)
         precision = "bf16"
     setup = TrainSetup(seq_len=_int(row, "seq_len", spec.max_seq_len if spec else 2048),
-                       global_batch=batch, precision=precision, kernels=_kernels(row),
+                       global_batch=batch, precision=precision, kernels=_kernels(row), fp8_recipe=_fp8_recipe(row),
                        optimizer=_optimizer(row), attention="flash" if flash else "materialized",
                        tokens=tokens if tokens and tokens > 0 else None)
     return layout, setup
@@ -322,6 +322,13 @@ def _kernels(row) -> str:
     if "compile" in notes or re.search(r"async[- ]?tp", notes):
         return "fused"
     return "eager" if any(k in _text(row, "source").lower() for k in _EAGER_SOURCES) else "fused"
+
+
+def _fp8_recipe(row) -> str:
+    """torchao's float8 training (its "float8" naming, or torchtitan / OLMo-core, which train fp8
+    only through it) or Transformer Engine (every other fp8 row: NeMo, Megatron, llm-foundry, JAX)."""
+    text = " ".join(_text(row, k) for k in ("precision", "flops_convention", "source")).lower()
+    return "torchao" if any(k in text for k in ("float8", "torchao", "torchtitan", "olmo-core")) else "te"
 
 
 # ------------------------------------------------------------------------------ predictions
