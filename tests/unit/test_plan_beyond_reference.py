@@ -486,6 +486,8 @@ def test_eager_kernels_reach_the_step_time_by_hand():
     ("2D FSDP2 + TP; Float8 + Async TP", "pytorch/torchtitan docs/performance.md", "fused"),  # an Inductor pass
     ("MFU 46.44%", "mosaicml/llm-foundry benchmarking README", "eager"),
     ("MFU 46.44%", "Narayanan et al. SC21 Table 1", "fused"),
+    ("70B fine-tune with accelerate", "huggingface/blog ram-efficient-pytorch-fsdp.md", "eager"),
+    ("GPU count and days from the card", "huggingface.co/microsoft/phi-2 model card", "fused"),  # hosted only
 ])
 def test_rows_say_whether_they_ran_eagerly(notes, source, expected):
     from tensorpilot.plan.validate import _layout_setup, _spec

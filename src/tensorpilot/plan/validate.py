@@ -78,9 +78,11 @@ _MEGATRON_RECIPE_SOURCES = ("nemo", "megatron-bridge")
 # say torch.compile (TrainSetup.kernels): each elementwise op its own kernel. Megatron, NeMo,
 # DeepSpeed-Megatron, JAX/XLA and hand-fused CUDA code (llm.c, flash-attention's training
 # scripts, NVIDIA's BERT) fuse theirs.
+# (Hugging Face by its libraries' and blog's names: a model card hosted there says nothing of
+# how the model was trained)
 _EAGER_SOURCES = ("llm-foundry", "mosaicml", "torchtitan", "torchtune", "olmo-core", "fms-fsdp",
-                  "foundation-model-stack", "huggingface", "transformers", "accelerate", "colossalai",
-                  "hpcaitech")
+                  "foundation-model-stack", "huggingface/transformers", "hf transformers", "huggingface/accelerate",
+                  "huggingface/blog", "colossalai", "hpcaitech")
 # notes that say the run hid its collectives behind compute (Layout.overlap_comm), with spaces
 # dropped and underscores read as hyphens: Megatron's flags, torchtitan's async TP
 _OVERLAP_PHRASES = ("tp-comm-overlap", "overlap-param-gather", "asynctp", "async-tp")
