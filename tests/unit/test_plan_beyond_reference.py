@@ -542,3 +542,20 @@ def test_rows_say_whose_fp8_gemms_they_ran(precision, source, expected):
 
     row = _row(precision=precision, source=source)
     assert _layout_setup(row, _spec(row))[1].fp8_recipe == expected
+
+
+def test_a_row_s_parameter_count_says_whether_its_mlp_is_gated():
+    """GLM-130B (h 12288, 70 blocks, ffn 32768, GeGLU): two MLP matrices a block would make it
+    4 h^2 + 2 h f = 1.41e9 a block, ~100B in all; three make 1.81e9, ~129B -- the 130 the row
+    states. phi-2 (h 2560, 32 blocks, ffn 10240, GeLU): 2.7B matches two matrices."""
+    from tensorpilot.plan.validate import _spec
+
+    glm = dict(model="GLM-130B", hidden="12288", layers="70", heads="96", vocab="150000", ffn_hidden="32768",
+               kv_heads="96")
+    assert _spec(_row(**glm, params_b="130")).mlp == "swiglu"
+    assert _spec(_row(**glm, params_b="100")).mlp == "gelu"
+    assert _spec(_row(**glm, params_b="")).mlp == "gelu"                 # nothing to tell: GPT's default
+    phi2 = dict(model="phi-2", hidden="2560", layers="32", heads="32", vocab="51200", ffn_hidden="10240",
+                kv_heads="32")
+    assert _spec(_row(**phi2, params_b="2.7")).mlp == "gelu"
+    assert _spec(_row(**{**phi2, "model": "Phi-3-mini"}, params_b="")).mlp == "swiglu"   # gated by name

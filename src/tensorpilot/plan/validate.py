@@ -71,6 +71,8 @@ GPU_NAMES = {"a100-80gb": "a100-sxm4-80gb", "a100 80gb": "a100-sxm4-80gb", "a100
 # (Transformer Engine's fused attention), the Llama 3 stack; the Megatron-LM papers of 2019-22,
 # Megatron-DeepSpeed (BLOOM, MT-NLG), metaseq (OPT) and the HF BERT guide materialise the scores
 _FLASH_SOURCES = ("llm-foundry", "torchtitan", "nemo", "megatron-bridge", "megatron-core", "llama 3 herd")
+# model names whose families use a gated MLP (SwiGLU / GeGLU: gate, up and down matrices)
+_GATED_FAMILIES = ("llama", "mistral", "qwen", "gemma", "olmo", "phi-3", "phi-4", "smollm", "internlm", "baichuan")
 # frameworks whose published recipes shard optimizer state over dp (Megatron's distributed
 # optimizer, use_distributed_optimizer=True) and turn on sequence parallelism with tp > 1
 _MEGATRON_RECIPE_SOURCES = ("nemo", "megatron-bridge")
@@ -224,14 +226,21 @@ def _spec(row) -> ModelSpec | None:
     h, f = _int(row, "hidden"), _int(row, "ffn_hidden")
     shape = dict(name=name, hidden=h, layers=_int(row, "layers"), heads=_int(row, "heads"),
                  vocab=_int(row, "vocab"), ffn_hidden=f or 4 * h, kv_heads=_int(row, "kv_heads"))
-    if "llama" in family:
+    if any(k in family for k in _GATED_FAMILIES):
         return ModelSpec(**shape, mlp="swiglu")
     if "mpt" in family:
         return ModelSpec(**shape, tied_embeddings=True)
     if "bert" in family:
         return ModelSpec(**shape, tied_embeddings=True, learned_positions=514, bias=True, dropout=True,
                          causal=False, lm_head=False, extra_params=h * h + h)
-    return ModelSpec(**shape, learned_positions=_int(row, "seq_len", 2048), bias=True, dropout=True)
+    gpt = ModelSpec(**shape, learned_positions=_int(row, "seq_len", 2048), bias=True, dropout=True)
+    gated = ModelSpec(**shape, mlp="swiglu")
+    # a name the families above do not know (GLM's GeGLU, Phi-3): the row's own parameter count
+    # says whether its MLP has two matrices or three
+    stated = _number(row, "params_b")
+    if stated and abs(gated.n_params / 1e9 - stated) < abs(gpt.n_params / 1e9 - stated):
+        return gated
+    return gpt
 
 
 def _precision(text: str) -> str:
