@@ -54,12 +54,14 @@ def test_an_unknown_label_is_the_rows_reason_not_the_files():
             "recompute": "none", "sharding": "fsdp(dp)", "metric": "tokens_per_s_per_gpu", "value": "6000",
             "unit": "tokens/s/GPU", "flops_convention": "", "source": "test"}
     rows = [base, {**base, "id": "X-2", "sharding": "ring-of-fire"}, {**base, "id": "X-3", "precision": "fp8"},
-            {**base, "id": "X-4", "optimizer": "adafactor"}, {**base, "id": "X-5", "flops_convention": "cp=3"}]
+            {**base, "id": "X-4", "optimizer": "adafactor"}, {**base, "id": "X-5", "flops_convention": "cp=3"},
+            {**base, "id": "X-6", "tp": "8", "dp": "1", "ffn_hidden": "３"}]      # a full-width 3: narrower than tp
     results = validate_rows(rows)
-    assert [r.predicted is not None for r in results] == [True, False, True, True, False]
+    assert [r.predicted is not None for r in results] == [True, False, True, True, False, False]
     assert "unknown sharding label 'ring-of-fire'" in results[1].note
     assert "context parallelism splits each sequence into 2 x cp = 6" in results[4].note   # 8192 % 6
-    assert counts(results) == {"rows": 5, "predicted": 3, "not_modelled": 2}
+    assert "tp=8 exceeds the MLP width (ffn_hidden 3)" in results[5].note
+    assert counts(results) == {"rows": 6, "predicted": 3, "not_modelled": 3}
     assert results[2].predicted > results[0].predicted          # fp8 GEMMs: more tokens/s than bf16
 
 

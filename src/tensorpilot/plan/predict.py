@@ -171,6 +171,8 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
                           f"--gpus {n_devices}.")
     if spec.heads % lo.tp:
         raise ConfigError(f"tp={lo.tp} does not divide the {spec.heads} attention heads of {spec.name}.")
+    if spec.ffn_hidden < lo.tp:
+        raise ConfigError(f"tp={lo.tp} exceeds the MLP width (ffn_hidden {spec.ffn_hidden}) of {spec.name}.")
     if spec.n_kv_heads % lo.tp and lo.tp % spec.n_kv_heads:
         raise ConfigError(f"tp={lo.tp} and the {spec.n_kv_heads} key/value heads of {spec.name} do not divide "
                           "one another.")
