@@ -561,3 +561,17 @@ def test_a_row_s_parameter_count_says_whether_its_mlp_is_gated():
                 kv_heads="32")
     assert _spec(_row(**phi2, params_b="2.7")).mlp == "gelu"
     assert _spec(_row(**{**phi2, "model": "Phi-3-mini"}, params_b="")).mlp == "swiglu"   # gated by name
+
+
+def test_plans_cli_choices_are_the_planners_registries():
+    """The CLI spells its choices out (registering it imports no planner module); they must be
+    exactly what TrainSetup accepts."""
+    from tensorpilot.cli import build_parser
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan import timing as tm
+
+    plan = build_parser()._subcommands["plan"]
+    choices = {a.dest: tuple(a.choices) for a in plan._actions if a.choices}
+    assert choices["kernels"] == tm.KERNELS and choices["fp8_recipe"] == cal.FP8_RECIPES
+    assert choices["precision"] == mem.PRECISIONS
+    assert [mem.precision(p).autocast for p in mem.PRECISIONS] == [p.endswith("-amp") for p in mem.PRECISIONS]

@@ -47,6 +47,11 @@ class Precision:
     weight_copy_bytes: float  # low-precision weight copies cached during forward (autocast: half; fp8: + transpose)
     gemm_input_bytes: float = 0  # saved inputs of the weight GEMMs per element (fp8: 1); 0 = act_bytes
 
+    @property
+    def autocast(self) -> bool:
+        """fp32 weights under torch.autocast (the *-amp recipes): the residual stream stays fp32."""
+        return self.name in ("bf16-amp", "fp16-amp")
+
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8")
 

@@ -259,7 +259,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # ---- time of one micro-batch through the busiest stage
     lt = tm.layer_times(spec, rates, seq_len=seq_local, micro_batch=lo.micro_batch, tp=lo.tp,
                         sequence_parallel=lo.sequence_parallel, attention=s.attention, e=e, kv_len=s.seq_len,
-                        kernels=s.kernels, autocast=prec.name.endswith("-amp"))
+                        kernels=s.kernels, autocast=prec.autocast)
     # op-level SAC re-runs every second linear (their share of the block's GEMM FLOPs) and every
     # elementwise op, not attention
     op_gemm_s = lt.gemm_fwd_s * op_recomputed_gemm_flops(spec, 1) / sum(g.flops for g in layer_gemms(spec, 1)) \

@@ -87,7 +87,8 @@ _EAGER_SOURCES = ("llm-foundry", "mosaicml", "torchtitan", "torchtune", "olmo-co
                   "huggingface/blog", "colossalai", "hpcaitech")
 # notes that say the run hid its collectives behind compute (Layout.overlap_comm), with spaces
 # dropped and underscores read as hyphens: Megatron's flags, torchtitan's async TP
-_OVERLAP_PHRASES = ("tp-comm-overlap", "overlap-param-gather", "asynctp", "async-tp")
+_ASYNC_TP = ("asynctp", "async-tp")
+_OVERLAP_PHRASES = ("tp-comm-overlap", "overlap-param-gather", *_ASYNC_TP)
 # optimizer column (blank: Adam) -> planner optimizer
 _OPTIMIZERS = {"": "adam", "adam": "adam", "adamw": "adamw", "sgd": "sgd", "sgd momentum": "sgd",
                "adafactor": "adafactor", "adamw8bit": "adamw8bit", "8-bit adamw": "adamw8bit", "adam8bit": "adamw8bit",
@@ -289,7 +290,7 @@ def _layout_setup(row, spec: ModelSpec):
     # a blank dp is what the devices leave: n_gpus / (tp x pp x cp)
     dp = _int(row, "dp", 0) or (n_gpus // (tp * pp * cp) if n_gpus and n_gpus % (tp * pp * cp) == 0 else 1)
     sharding, hybrid = _sharding(row)
-    flags = conv.replace("_", "-").replace(" ", "")          # Megatron's flags however they are spelled
+    flags = _flags(row)
     if sharding == "none" and not _text(row, "sharding") and ("distributed optimizer" in conv
                                                               or "overlap-param-gather" in flags):
         # Megatron's --overlap-param-gather exists only with --use-distributed-optimizer (ZeRO-1)
@@ -323,6 +324,12 @@ def _layout_setup(row, spec: ModelSpec):
     return layout, setup
 
 
+def _flags(row) -> str:
+    """The notes with spaces dropped and underscores read as hyphens: Megatron's flags and
+    framework switches however they are spelled."""
+    return _text(row, "flops_convention").lower().replace("_", "-").replace(" ", "")
+
+
 def _kernels(row) -> str:
     """Eager where the notes say so ("eager", "no compile") or a PyTorch-native framework ran
     without torch.compile; fused otherwise."""
@@ -330,7 +337,7 @@ def _kernels(row) -> str:
     if re.search(r"\beager\b|\bno (torch\.)?compile|without (torch\.)?compile", notes):
         return "eager"
     # torch.compile named, or implied: PyTorch's async TP is an Inductor pass (micro-pipeline TP)
-    if "compile" in notes or re.search(r"async[- ]?tp", notes):
+    if "compile" in notes or any(k in _flags(row) for k in _ASYNC_TP):
         return "fused"
     return "eager" if any(k in _text(row, "source").lower() for k in _EAGER_SOURCES) else "fused"
 
