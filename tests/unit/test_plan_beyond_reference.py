@@ -379,8 +379,13 @@ def test_overlapped_collectives_leave_one_chunk_exposed():
     setup = TrainSetup(seq_len=4096, global_batch=64, precision="bf16")
     plain = predict(spec, acc, Layout(tp=8, pp=1, dp=8, sharding="zero1", sequence_parallel=True), setup)
     hidden = predict(spec, acc, replace(plain.layout_detail, overlap_comm=True), setup)
-    # the block's GEMMs take longer than its TP collectives: only the first of tp chunks shows
-    assert hidden.time_breakdown_s["tp_comm"] == pytest.approx(plain.time_breakdown_s["tp_comm"] / 8)
+    # the block's GEMMs take longer than its TP collectives: only the first of tp chunks waits,
+    # and the GEMMs the rest runs beside slow by the share of the device its kernels hold
+    from tensorpilot.plan import calibration as cal
+
+    tp_comm = plain.time_breakdown_s["tp_comm"]
+    assert hidden.time_breakdown_s["tp_comm"] == pytest.approx(
+        tp_comm / 8 + cal.COLLECTIVE_COMPUTE_SHARE * (tp_comm - tp_comm / 8))
     assert hidden.time_breakdown_s["dp_comm_exposed"] < plain.time_breakdown_s["dp_comm_exposed"]
     assert hidden.time_breakdown_s["compute"] == plain.time_breakdown_s["compute"]
     assert "overlap" in hidden.layout_detail.describe()
@@ -531,6 +536,25 @@ def test_fp8_gemms_run_at_their_recipes_measured_fraction():
     assert plans["torchao"].memory_bytes == plans["te"].memory_bytes
     with pytest.raises(ConfigError, match="fp8_recipe must be one of te, torchao"):
         TrainSetup(seq_len=128, global_batch=8, fp8_recipe="msamp")
+
+
+def test_fp8_gemms_need_twice_the_size_to_saturate():
+    """A tile's fixed costs take the same time at any rate: at fp8's doubled rate a GEMM's
+    half-saturation size doubles (efficiency d / (d + 2 x 64) against bf16's d / (d + 64))."""
+    from dataclasses import replace
+
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.predict import device_rates
+    from tensorpilot.plan.timing import gemm_time_s
+
+    h100, v100 = catalog.get("h100-sxm"), catalog.get("v100-sxm2-32gb")
+    assert device_rates(h100, "bf16").tile_rate_scale == 1.0
+    assert device_rates(h100, "fp8").tile_rate_scale == pytest.approx(1979 / 989.4, rel=1e-3)
+    assert device_rates(v100, "fp16").tile_rate_scale == 1.0          # no bf16 peak: fp16 is the 16-bit one
+    rates = replace(device_rates(h100, "bf16"), tile_rate_scale=2.0)
+    d = 4096                                                             # compute bound: 2 d^3 FLOPs, 0.2 ms
+    half = cal.GEMM_HALF_SATURATION_DIM
+    assert gemm_time_s(d, d, d, rates, 1) == pytest.approx(2 * d**3 / (rates.matmul_flops_per_s * d / (d + 2 * half)))
 
 
 @pytest.mark.parametrize("precision,source,expected", [

@@ -40,6 +40,9 @@ SUSTAINED_COMPUTE_FRACTION = 0.90
 # Half-saturation size of a GEMM's smallest dimension: efficiency = e / (e + N_HALF). Tiles are
 # 128 x 128 (x 32-64 deep); a dimension comparable to one tile leaves tensor cores idle on padding
 # and wave tails, a dimension of thousands does not (8192 -> 0.99, 1024 -> 0.94, 128 -> 0.67).
+# This is the size at the 16-bit tensor-core rate: a tile's fixed costs (prologue, epilogue, tail)
+# take the same time at any rate, so at fp8's doubled rate they weigh as much as twice the work
+# and the half-saturation size doubles (DeviceRates.tile_rate_scale).
 GEMM_HALF_SATURATION_DIM = 64
 
 # Fused attention (FlashAttention-2 class, causal, head_dim 128), forward + backward, as a fraction

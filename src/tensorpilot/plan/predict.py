@@ -112,7 +112,8 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
                               * cal.mamf_fraction(cal.calibration_key(acc), "fp8", fp8_recipe),
                               mem_bytes_per_s=half.mem_bytes_per_s, link_bytes_per_s=half.link_bytes_per_s,
                               internode_bytes_per_s=half.internode_bytes_per_s,
-                              attention_flops_per_s=half.attention_flops_per_s, gpus_per_node=half.gpus_per_node)
+                              attention_flops_per_s=half.attention_flops_per_s, gpus_per_node=half.gpus_per_node,
+                              tile_rate_scale=_tile_rate_scale(acc, peak))
     link = (acc.link_gb_per_s or 32) * 1e9 / 2 * cal.LINK_BW_FRACTION          # both directions -> one
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
@@ -120,7 +121,16 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
                           mem_bytes_per_s=(acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.MEMORY_BW_FRACTION,
                           link_bytes_per_s=link, internode_bytes_per_s=net,
                           attention_flops_per_s=sustained * cal.flash_attention_fraction(cal.calibration_key(acc)),
-                          gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE)
+                          gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE,
+                          tile_rate_scale=_tile_rate_scale(acc, peak))
+
+
+def _tile_rate_scale(acc: Accelerator, peak: float) -> float:
+    """The compute dtype's peak over the 16-bit one: a GEMM tile's fixed costs (prologue, epilogue,
+    wave tail) take the same time at any rate, so at twice the rate (fp8) they weigh as much as
+    twice the work and a GEMM needs twice the size to saturate (timing.gemm_time_s)."""
+    half = acc.peak_flops_per_s("bf16") or acc.peak_flops_per_s("fp16")
+    return peak / half if half else 1.0
 
 
 def _exposed(comm_s: float, compute_s: float, blocks: int) -> float:
@@ -271,9 +281,9 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     if lo.overlap_comm and tp_comm_s:
         # each collective is split into chunks pipelined with the GEMM it feeds (or that feeds
         # it): what the block's GEMMs cannot cover stays exposed, and at least the first chunk of
-        # each collective (a tp-th of it) is
+        # each collective (a tp-th of it) is; the GEMMs it runs beside slow as under any overlap
         gemm_s = lt.gemm_fwd_s * (3 + (lo.recompute == "full"))
-        tp_comm_s = max(tp_comm_s / lo.tp, tp_comm_s - gemm_s)
+        tp_comm_s = _exposed(tp_comm_s, gemm_s, lo.tp)
     tokens_micro = seq_local * lo.micro_batch
     # context parallelism: a ring passes every rank's keys and values round the cp group in
     # cp - 1 steps, hidden behind the attention of the chunk in hand (Megatron-Core's and

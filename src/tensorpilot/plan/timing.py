@@ -39,6 +39,7 @@ class DeviceRates:
     internode_bytes_per_s: float     # scale-out bandwidth per device, one direction
     attention_flops_per_s: float     # fused (flash) attention, forward + backward
     gpus_per_node: int = cal.GPUS_PER_NODE
+    tile_rate_scale: float = 1.0     # compute-dtype peak / 16-bit peak: scales GEMM_HALF_SATURATION_DIM
 
 
 def gemm_time_s(m: int, k: int, n: int, rates: DeviceRates, elem_bytes: float, batch: float = 1) -> float:
@@ -46,7 +47,7 @@ def gemm_time_s(m: int, k: int, n: int, rates: DeviceRates, elem_bytes: float, b
     one): roofline with a size-dependent compute efficiency; the kernel floor is paid once."""
     flops = 2 * m * k * n * batch
     smallest = min(m, k, n)
-    efficiency = smallest / (smallest + cal.GEMM_HALF_SATURATION_DIM)
+    efficiency = smallest / (smallest + cal.GEMM_HALF_SATURATION_DIM * rates.tile_rate_scale)
     compute = flops / (rates.matmul_flops_per_s * efficiency)
     traffic = elem_bytes * (m * k + k * n + m * n) * batch / rates.mem_bytes_per_s
     return max(compute, traffic, cal.KERNEL_FLOOR_S)
