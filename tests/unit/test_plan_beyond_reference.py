@@ -209,10 +209,27 @@ def test_one_all_gather_per_step_by_hand():
     plan = predict(spec, slow, lo, setup)
     bw = 0.8e9 / 8 * 0.9                                                   # INTERNODE_BW_FRACTION
     params_stage = (spec.layers / 2) * spec.layer_params / 8 + max(spec.embedding_params, spec.head_params) / 8
-    ag = 3 * 10e-6 + 3 / 4 * params_stage * 2 / bw                        # bf16 weights, 4 ranks
-    rs = 3 * 10e-6 + 3 / 4 * params_stage * 2 / bw                        # bf16 gradients
+    blocks = spec.layers // 2                                             # a collective a block
+    ag = blocks * 3 * 10e-6 + 3 / 4 * params_stage * 2 / bw               # bf16 weights, 4 ranks
+    rs = blocks * 3 * 10e-6 + 3 / 4 * params_stage * 2 / bw               # bf16 gradients
     # the overlap is at most one micro-batch of compute, small next to minutes of transfer
     assert plan.time_breakdown_s["dp_comm_exposed"] == pytest.approx(ag + rs, rel=0.02)
+
+
+def test_each_block_s_collective_pays_the_ring_latency():
+    # a tiny model over 256 replicas: its gradient bytes take no time, the ring's 2 (n - 1)
+    # latency steps of each block's all-reduce are the whole of the exposed DP time
+    from tensorpilot.plan import calibration as cal
+
+    acc = catalog.get("h100-sxm")
+    exposed = {}
+    for layers in (4, 16):
+        spec = ModelSpec(name="tiny", hidden=64, layers=layers, heads=2, vocab=128, ffn_hidden=256)
+        plan = predict(spec, acc, Layout(dp=256, sharding="none", micro_batch=1), TrainSetup(seq_len=64, global_batch=256))
+        exposed[layers] = plan.time_breakdown_s["dp_comm_exposed"]
+    for layers, t in exposed.items():
+        assert t == pytest.approx(layers * 2 * 255 * cal.ALPHA_INTER_S, rel=0.15)
+    assert exposed[16] / exposed[4] == pytest.approx(4, rel=0.05)
 
 
 def test_an_nvlink_rack_keeps_a_64_gpu_group_on_nvlink():

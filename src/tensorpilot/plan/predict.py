@@ -318,6 +318,10 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # inside the shard group, then one all-reduce of each rank's gradient shard across groups)
     shard = lo.shard_degree
     bw, alpha = tm.group_link(rates, shard if lo.zero_stage == 3 else replicas, lo.tp)
+    # the gradients (and, sharded, the weights) travel block by block, a collective each (FSDP
+    # wraps every block; DDP's 25 MB and Megatron's 40M-parameter buckets hold a block of a
+    # mid-size model or less), and a ring pays its n - 1 latency steps per collective
+    alpha *= layers_stage
     grad_bytes = params_stage * (prec.grad_bytes if prec.grad_bytes <= 2 else 4)
     half_param_bytes = params_stage * DTYPE_COMPUTE_BYTES(prec)
     bwd_micro_s = bwd_s + head_s
@@ -340,6 +344,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                                         + _exposed(ag + rs, bwd_micro_s, layers_stage))
             if shard < replicas:
                 bw_r, alpha_r = tm.group_link(rates, replicas // shard, lo.tp * shard)
+                alpha_r *= layers_stage
                 ar = tm.allreduce_time_s(grad_bytes / shard, replicas // shard, bw_r, alpha_r)
                 dp_exposed += _exposed(ar, bwd_micro_s, layers_stage)
         else:
