@@ -320,6 +320,45 @@ def test_blank_micro_batch_and_recompute_take_the_fastest_that_fits():
     assert fitting and got == pytest.approx(max(p.tokens_per_s_per_device for p in fitting))
 
 
+@pytest.mark.parametrize("notes,expected", [
+    ("sequence_parallel true; ub_tp_comm_overlap true", True),
+    ("--tensor-model-parallel-size 4 --sequence-parallel", True),
+    ("TP + sequence parallelism with all-gather/reduce-scatter fused", True),
+    ("dropout 0; no sequence parallel; pp=1", False),
+    ("fsdp2, cp 2, sequence_parallel false", False),
+    ("flash attention; layout from the config", False),
+    ("precision, micro-batch and sequence parallelism not stated for the baseline", None),
+])
+def test_rows_say_whether_they_split_sequences(notes, expected):
+    from tensorpilot.plan.validate import _sequence_parallel
+
+    assert _sequence_parallel(_row(flops_convention=notes)) is expected
+
+
+def test_unstated_sequence_parallelism_takes_the_faster_that_fits():
+    # a Llama 2 70B on tp 8: without sequence parallelism the replicated activations need more
+    # recomputation to fit than with it (Korthikanti et al. 2022), so the split is faster
+    from dataclasses import replace
+
+    from tensorpilot.plan.validate import _layout_setup, _spec, predict_row
+
+    row = _row(tp="8", pp="4", dp="2", precision="bf16", micro_batch="1", recompute="", gpu="A100-SXM4-80GB",
+               flops_convention="Megatron-LM; sequence parallelism not stated")
+    got = predict_row(row).predicted
+    spec = _spec(row)
+    layout, setup = _layout_setup(row, spec)
+    assert not layout.sequence_parallel
+    acc = catalog.get("a100-sxm4-80gb")
+    options = {(sp, r): predict(spec, acc, replace(layout, sequence_parallel=sp, recompute=r), setup)
+               for sp in (False, True) for r in ("none", "selective", "full")}
+    fitting = {k: p for k, p in options.items() if p.memory_bytes["total"] <= p.device_memory_bytes}
+    best = max(fitting, key=lambda k: fitting[k].tokens_per_s_per_device)
+    assert best[0] is True and got == pytest.approx(fitting[best].tokens_per_s_per_device)
+    stated = predict_row({**row, "flops_convention": "Megatron-LM; no sequence parallel"}).predicted
+    assert stated == pytest.approx(max(p.tokens_per_s_per_device for k, p in fitting.items() if not k[0]))
+    assert stated < got
+
+
 def test_megatron_recipes_shard_the_optimizer_and_split_sequences():
     from tensorpilot.plan.validate import _layout_setup, _spec
 

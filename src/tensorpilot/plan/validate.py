@@ -267,7 +267,7 @@ def _layout_setup(row, spec: ModelSpec):
     from tensorpilot.plan.predict import Layout, TrainSetup
 
     rec = _text(row, "recompute").lower() or "none"
-    sp = "sequence-parallel" in rec
+    sp = "sequence-parallel" in rec or _sequence_parallel(row) is True
     rec = rec.split("+")[0]
     if rec.strip() == "selective" and "torchtitan" in _text(row, "source").lower():
         # torchtitan's selective checkpointing is op-level (selective_ac_option = "op" in its
@@ -373,6 +373,19 @@ def predict_row(row: dict[str, str], index: int = 1) -> RowResult:
     return result
 
 
+def _sequence_parallel(row) -> bool | None:
+    """Whether the notes say the run split sequences across its TP group (Megatron's
+    --sequence-parallel, NeMo's sequence_parallel true, nanotron's reduce_scatter TP mode): True,
+    False ("no sequence parallel", "sequence_parallel false", or not named), or None where they
+    say it is not stated (then the fastest that fits, as for other blanks)."""
+    notes = re.sub(r"[_-]", " ", _text(row, "flops_convention").lower())
+    if re.search(r"\bno sequence parallel|sequence parallel(ism)? (false|off|disabled)", notes):
+        return False
+    if re.search(r"sequence parallel[a-z]*[^;]{0,40}\bnot stated", notes):
+        return None
+    return "sequence parallel" in notes
+
+
 def _layout_stated(row) -> bool:
     """Whether the row says how its devices were split (any of tp, pp, dp, micro-batch, sharding)."""
     sharding = _text(row, "sharding").lower()
@@ -385,8 +398,8 @@ def _unstated_chunks(row) -> bool:
 
 
 def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
-    """A stated layout whose micro-batch or recomputation the row leaves blank: the fastest
-    completion that fits (runs were tuned). Micro-batches are the divisors of the per-replica
+    """A stated layout whose micro-batch, recomputation or sequence parallelism the row leaves
+    blank: the fastest completion that fits (runs were tuned). Micro-batches are the divisors of the per-replica
     batch (no accumulation, when it fits, is what frameworks do by default; a pipeline wants
     many small ones); recomputation none, selective or full. None fits: the first, which the
     row then reports as not fitting."""
@@ -398,13 +411,14 @@ def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
     mbs = [layout.micro_batch] if _text(row, "micro_batch") else \
         [mb for mb in range(1, per_replica + 1) if per_replica % mb == 0]
     recs = [layout.recompute] if _text(row, "recompute") else ["none", "selective", "full"]
+    sps = [False, True] if layout.tp > 1 and _sequence_parallel(row) is None else [layout.sequence_parallel]
     # an interleaved schedule without its chunk count: 2 chunks a rank up to one layer a chunk
     chunks = [layout.virtual_stages]
     if layout.schedule == "interleaved" and _unstated_chunks(row):
         chunks = list(range(2, spec.layers // layout.pp + 1)) or [1]
-    plans = [predict(spec, acc, replace(layout, micro_batch=mb, recompute=rec, virtual_stages=v,
+    plans = [predict(spec, acc, replace(layout, micro_batch=mb, recompute=rec, virtual_stages=v, sequence_parallel=sp,
                                         schedule=layout.schedule if v > 1 else "1f1b"), setup)
-             for mb in mbs for rec in recs for v in chunks]
+             for mb in mbs for rec in recs for v in chunks for sp in sps]
     # the run happened, so it fitted the device: the planner's safety margin (kept free for what
     # no model predicts) is advice for new plans, not a bound on a published one
     fitting = [p for p in plans if p.memory_bytes["total"] <= p.device_memory_bytes]
