@@ -399,10 +399,11 @@ def _unstated_chunks(row) -> bool:
 
 def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
     """A stated layout whose micro-batch, recomputation or sequence parallelism the row leaves
-    blank: the fastest completion that fits (runs were tuned). Micro-batches are the divisors of the per-replica
-    batch (no accumulation, when it fits, is what frameworks do by default; a pipeline wants
-    many small ones); recomputation none, selective or full. None fits: the first, which the
-    row then reports as not fitting."""
+    blank: the fastest completion that fits (runs were tuned). Micro-batches are the divisors of
+    the per-replica batch (no accumulation, when it fits, is what frameworks do by default; a
+    pipeline wants many small ones); recomputation none, selective or full; sequence parallelism
+    off or on where the notes say it is not stated. None fits: the first, which the row then
+    reports as not fitting."""
     from dataclasses import replace
 
     from tensorpilot.plan.predict import predict
