@@ -594,6 +594,17 @@ def test_fp8_gemms_run_at_their_recipes_measured_fraction():
         TrainSetup(seq_len=128, global_batch=8, fp8_recipe="msamp")
 
 
+def test_blackwell_gemms_run_at_openxlas_measured_rate():
+    """OpenXLA's GEMM cost-model table measured 1417 TFLOP/s bf16 and 2765 fp8 at 4096^3 on sm_100
+    (B200); the planner's B200 ceiling is that rate, sustained."""
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.predict import device_rates
+
+    b200 = catalog.get("b200")
+    assert device_rates(b200, "bf16").matmul_flops_per_s == pytest.approx(1417e12 * cal.SUSTAINED_COMPUTE_FRACTION, rel=0.01)
+    assert device_rates(b200, "fp8").matmul_flops_per_s == pytest.approx(2765e12 * cal.SUSTAINED_COMPUTE_FRACTION, rel=0.01)
+
+
 def test_fp8_gemms_need_twice_the_size_to_saturate():
     """A tile's fixed costs take the same time at any rate: at fp8's doubled rate a GEMM's
     half-saturation size doubles (efficiency d / (d + 2 x 64) against bf16's d / (d + 64))."""

@@ -13,9 +13,15 @@ from __future__ import annotations
 #   H100 SXM 794.5 / 989.4 = 0.80, A100 SXM 271.2 / 312 = 0.87, A100 PCIe 252.9 / 312 = 0.81,
 #   MI300X 668-782 / 1307 = 0.51-0.60 (0.55 taken).
 # H200 has the H100's SXM5 compute die and clocks: its H100 fraction is ASSUMED.
+# Blackwell (sm_100): OpenXLA's GEMM cost-model table (xla/backends/gpu/cost_model/
+# matmul_interpolator_data.h, measured FLOP/s by shape) gives 1417 TFLOP/s bf16 and 2765 fp8
+# (e4m3) at 4096^3 = 0.63 / 0.61 of B200's 2250 / 4500 dense peaks; the same table's sm_90 entry
+# at 4096^3 is 783 = 0.79 of H100's 989, the MAMF figure above, so the shapes compare. GB200 is
+# the same sm_100 silicon at a higher power limit: its B200 fractions are ASSUMED. B300/GB300
+# (sm_103) are not in the table: default.
 MAMF_FRACTION: dict[str, float] = {
     "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
-    "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55,
+    "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.63, "gb200": 0.63,
 }
 # Devices without a measurement: an ASSUMED fraction between the measured NVIDIA parts.
 DEFAULT_MAMF_FRACTION = 0.80
@@ -25,7 +31,7 @@ DEFAULT_MAMF_FRACTION = 0.80
 # 1170-1180 (0.59) through torch._scaled_mm, so a recipe's GEMM path matters. Transformer Engine
 # calls cuBLASLt: 0.81 for Hopper; torchao's float8 training (torchtitan, OLMo-core) calls
 # torch._scaled_mm: 0.59. Other parts: their bf16 fraction (ASSUMED).
-MAMF_FRACTION_FP8: dict[str, float] = {"h100-sxm": 0.81, "h200-sxm": 0.81}
+MAMF_FRACTION_FP8: dict[str, float] = {"h100-sxm": 0.81, "h200-sxm": 0.81, "b200": 0.61, "gb200": 0.61}
 MAMF_FRACTION_FP8_SCALED_MM: dict[str, float] = {"h100-sxm": 0.59, "h200-sxm": 0.59}
 # fp8 training recipes by the GEMM path they take: Transformer Engine (NeMo, Megatron, llm-foundry)
 # or torchao's Float8Linear (torch._scaled_mm)
