@@ -197,6 +197,52 @@ def test_fsdp_under_a_pipeline_gathers_once_per_step():
     assert piped[0].memory_bytes["buffers"] >= (spec.layers // 4) * spec.layer_params / 8 * 2
 
 
+@pytest.mark.parametrize("layers,pp,v,expected", [
+    (32, 4, 1, (8, 8, 8)),        # even: the output layer rides on the last stage
+    (126, 16, 8, (7, 8, 7)),      # Llama 3.1 405B in NeMo's recipe: 128 slots in 16 x 8 chunks
+    (70, 12, 1, (5, 6, 5)),       # BLOOM-176B: "70 layers + 2 embeddings" over 12 stages
+    (22, 8, 3, (2, 3, 2)),        # Zero Bubble's 1.5B: one slot a chunk, the first only the embedding
+    (30, 2, 1, (15, 15, 15)),     # two stages: no middle one
+    (30, 7, 1, (5, 5, 5)),        # neither divides: the busiest stage holds ceil(30 / 7)
+])
+def test_the_embedding_and_the_output_layer_take_a_block_s_place(layers, pp, v, expected):
+    assert mem.stage_layers(layers, pp, v) == expected
+
+
+def test_a_stage_a_block_short_paces_the_pipeline_by_hand():
+    import dataclasses
+
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    # no output layer (a task head): 30 blocks over 4 stages as 7 / 8 / 8 / 7 runs at the pace
+    # of an 8-block stage, the same as 32 blocks as 8 a stage
+    base = dataclasses.replace(get_model("llama3-8b"), lm_head=False)
+    acc, setup = catalog.get("h100-sxm"), TrainSetup(seq_len=4096, global_batch=16, precision="bf16")
+    lo = Layout(pp=4, dp=1, micro_batch=1)
+    short, full = (predict(dataclasses.replace(base, layers=n), acc, lo, setup) for n in (30, 32))
+    for part in ("compute", "memory_bound", "pipeline_bubble"):
+        assert short.time_breakdown_s[part] == pytest.approx(full.time_breakdown_s[part])
+    # with the output layer, the last stage (7 blocks + the head) paces it where the head
+    # outweighs a block: the step is 7 blocks + the head against 8 blocks
+    spec = dataclasses.replace(get_model("llama3-8b"), layers=30)
+    plan = predict(spec, acc, lo, setup)
+    rates = device_rates(acc, "bf16")
+    lt = tm.layer_times(spec, rates, seq_len=4096, micro_batch=1, tp=1,
+                        sequence_parallel=False, attention="flash", e=2)
+    layer = lt.forward_s + lt.backward_s
+    head = 3 * tm.gemm_time_s(4096, spec.hidden, spec.vocab, rates, 2) + 4096 * spec.vocab * 24 / rates.mem_bytes_per_s
+    assert head > layer                                       # a 128k vocabulary: the head weighs more
+    n_micro = 16
+    assert plan.time_breakdown_s["compute"] + plan.time_breakdown_s["memory_bound"] \
+        == pytest.approx(n_micro * (7 * layer + head))
+    # memory: stage 0 holds 7 blocks x 4 micro-batches, stage 1 8 blocks x 3: the larger counts
+    per_layer = mem.layer_activation_bytes(spec, seq_len=4096, micro_batch=1, tp=1, sequence_parallel=False,
+                                           recompute="none", attention="flash", act_bytes=2)
+    acts = mem.activation_bytes_per_device(spec, seq_len=4096, micro_batch=1, n_micro=n_micro, pp=4)
+    assert acts["activations"] == pytest.approx(max(7 * 4, 8 * 3) * per_layer + 2 * 4096 * spec.hidden * 2)
+
+
 def test_one_all_gather_per_step_by_hand():
     # with an absurdly slow network the exposed time is the collectives minus one micro-batch of
     # forward (gather) and backward (scatter) work: check against the ring formula by hand
@@ -551,6 +597,9 @@ def test_eager_kernels_reach_the_step_time_by_hand():
     ("MFU 46.44%", "Narayanan et al. SC21 Table 1", "fused"),
     ("70B fine-tune with accelerate", "huggingface/blog ram-efficient-pytorch-fsdp.md", "eager"),
     ("GPU count and days from the card", "huggingface.co/microsoft/phi-2 model card", "fused"),  # hosted only
+    # a negated compile is no evidence of it: the framework decides
+    ("torch.compile not used (PyTorch 1.13)", "pytorch/torchtune README.md", "eager"),
+    ("apex fused RMSNorm; torch.compile not used", "InternLM/InternEvo doc/train_performance.md", "fused"),
 ])
 def test_rows_say_whether_they_ran_eagerly(notes, source, expected):
     from tensorpilot.plan.validate import _layout_setup, _spec

@@ -236,6 +236,10 @@ def test_cost_objective_needs_a_price():
 def test_interleaved_chunks_need_layers():
     with pytest.raises(ConfigError, match="pp x virtual stages = 4 x 16 exceeds the 32 layers"):
         check_layout(get_model("llama3-8b"), Layout(pp=4, dp=2, schedule="interleaved", virtual_stages=16), SETUP)
+    # 32 blocks + the embedding + the output layer fill 17 x 2 chunks exactly (Megatron's
+    # account-for-embedding/loss split), so that layout runs
+    check_layout(get_model("llama3-8b"), Layout(pp=17, dp=1, schedule="interleaved", virtual_stages=2),
+                 TrainSetup(seq_len=8192, global_batch=17))
 
 
 @pytest.mark.parametrize("kw,needle", [({"batch": 10**12}, "batch must be between"),

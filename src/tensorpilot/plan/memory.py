@@ -217,6 +217,26 @@ def layer_activation_bytes(spec: ModelSpec, *, seq_len: int, micro_batch: int, t
     return tokens * per_token
 
 
+def stage_layers(layers: int, pp: int, virtual_stages: int = 1) -> tuple[int, int, int]:
+    """Transformer blocks on the first, a middle and the last of ``pp`` pipeline stages.
+
+    Blocks that divide into the pp x v model chunks split evenly (the output layer rides on the
+    last stage). Where they do not but blocks + 2 do, the embedding and the output layer each
+    take one block's place: the first and last stages hold a block fewer (Megatron-LM's
+    --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split, which
+    NeMo's recipes set for Llama 3.1 405B's 126 blocks over 16 x 8 chunks; torchtitan's
+    pipeline split weighs the embedding and the output as a block each the same way).
+    Otherwise the busiest stage holds ceil(blocks / pp)."""
+    if pp <= 1:
+        return layers, layers, layers
+    chunks = pp * max(1, virtual_stages)
+    if layers % chunks and not (layers + 2) % chunks:
+        per = (layers + 2) // pp
+        return per - 1, per if pp > 2 else per - 1, per - 1
+    per = math.ceil(layers / pp)
+    return per, per, per
+
+
 def _in_flight(schedule: str, pp: int, n_micro: int, virtual_stages: int) -> float:
     """Micro-batches whose activations the busiest (first) stage holds at once, in units of one
     micro-batch through that stage's layers."""
@@ -239,11 +259,19 @@ def activation_bytes_per_device(spec: ModelSpec, *, seq_len: int, micro_batch: i
     in-flight micro-batches, plus the working set of one block being recomputed / differentiated,
     plus the output logits and loss of one micro-batch (on the last stage; with pp = 1 the same
     device). Returns {"activations": ..., "logits": ...}."""
-    layers_per_stage = math.ceil(spec.layers / pp)
+    first, middle, _ = stage_layers(spec.layers, pp, virtual_stages if schedule == "interleaved" else 1)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
               attention=attention, act_bytes=act_bytes)
     per_layer = layer_activation_bytes(spec, recompute=recompute, gemm_input_bytes=gemm_input_bytes, **kw)
-    stored = per_layer * layers_per_stage * _in_flight(schedule, pp, n_micro, virtual_stages)
+    in_flight = _in_flight(schedule, pp, n_micro, virtual_stages)
+    stored = per_layer * first * in_flight
+    if middle > first and schedule != "gpipe":
+        # a first stage a block short: the second holds a block more and, under 1F1B, one
+        # micro-batch fewer in flight (interleaved: two model chunks fewer; Megatron's warm-up
+        # count, 2 (pp - rank - 1) + (v - 1) pp chunks)
+        v = virtual_stages if schedule == "interleaved" else 1
+        second = in_flight - (1 if v == 1 else 2 / v) if n_micro >= pp else in_flight
+        stored = max(stored, per_layer * middle * second)
     # backward of a recomputed block rebuilds its full activations; without recomputation the
     # gradient of the block being differentiated is the extra working set (~ one block's inputs)
     # (selective recomputation rebuilds only the attention core of one block: small next to it)

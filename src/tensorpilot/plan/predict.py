@@ -186,11 +186,12 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
     if spec.n_kv_heads % lo.tp and lo.tp % spec.n_kv_heads:
         raise ConfigError(f"tp={lo.tp} and the {spec.n_kv_heads} key/value heads of {spec.name} do not divide "
                           "one another.")
-    if lo.pp > spec.layers:
-        raise ConfigError(f"pp={lo.pp} exceeds the {spec.layers} layers of {spec.name}.")
-    if lo.schedule == "interleaved" and lo.pp * lo.virtual_stages > spec.layers:
-        raise ConfigError(f"pp x virtual stages = {lo.pp} x {lo.virtual_stages} exceeds the {spec.layers} layers "
-                          f"of {spec.name} (each model chunk needs a layer).")
+    # the embedding and the output layer may each take a block's place (memory.stage_layers)
+    chunks = lo.pp * (lo.virtual_stages if lo.schedule == "interleaved" else 1)
+    if chunks > spec.layers and (lo.pp == 1 or chunks != spec.layers + 2):
+        what = f"pp={lo.pp}" if chunks == lo.pp else f"pp x virtual stages = {lo.pp} x {lo.virtual_stages}"
+        raise ConfigError(f"{what} exceeds the {spec.layers} layers of {spec.name} (each model chunk needs a "
+                          "layer, or exactly layers + 2 chunks with the embedding and the output layer as one each).")
     if setup.global_batch % (lo.dp * lo.micro_batch):
         raise ConfigError(f"micro-batch {lo.micro_batch} x dp {lo.dp} does not divide the global batch "
                           f"{setup.global_batch}.")
@@ -209,15 +210,16 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
         raise ConfigError(f"attention must be flash or materialized, not {setup.attention!r}.")
 
 
-def _stage_params(spec: ModelSpec, pp: int) -> float:
+def _stage_params(spec: ModelSpec, pp: int, virtual_stages: int = 1) -> float:
     """Parameters on the busiest pipeline stage: its blocks + the embedding (first stage) or the
     head (last stage); with pp = 1 everything."""
-    per_stage = math.ceil(spec.layers / pp) * spec.layer_params
     if pp == 1:
-        return per_stage + spec.embedding_params + spec.head_params
+        return spec.layers * spec.layer_params + spec.embedding_params + spec.head_params
+    first, middle, last = mem.stage_layers(spec.layers, pp, virtual_stages)
     # Megatron keeps a copy of a tied embedding on the last stage for the output layer
     last_head = spec.head_params + (spec.vocab * spec.hidden if spec.tied_embeddings and spec.lm_head else 0)
-    return per_stage + max(spec.embedding_params, last_head)
+    return max(first * spec.layer_params + spec.embedding_params, middle * spec.layer_params,
+               last * spec.layer_params + last_head)
 
 
 def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup, *,
@@ -232,12 +234,14 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     fp8 = prec.compute == "fp8"
     head_rates = device_rates(acc, "bf16") if fp8 else rates     # the output layer stays bf16 (TE, NeMo)
     n_micro = s.global_batch // (lo.dp * lo.micro_batch)        # micro-batches per replica per step
-    layers_stage = math.ceil(spec.layers / lo.pp)
+    vp = lo.virtual_stages if lo.schedule == "interleaved" else 1
+    first, middle, last = mem.stage_layers(spec.layers, lo.pp, vp)
+    layers_stage = max(first, middle, last)                     # the fullest stage (memory)
     seq_local = s.seq_len // lo.cp                              # tokens of each sequence on one rank
     replicas = lo.replicas                                      # ranks reducing gradients together
 
     # ---- memory of the busiest device
-    params_stage = _stage_params(spec, lo.pp) / lo.tp
+    params_stage = _stage_params(spec, lo.pp, vp) / lo.tp
     states = mem.model_state_bytes(params_stage, prec, zero_stage=lo.zero_stage, dp=lo.shard_degree)
     acts = mem.activation_bytes_per_device(
         spec, seq_len=seq_local, micro_batch=lo.micro_batch, n_micro=n_micro, tp=lo.tp, pp=lo.pp,
@@ -302,10 +306,17 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # the output gradient likewise in backward, and the saved fp8 input transposed for the
     # weight gradient (Hopper's fp8 GEMM is TN-only: read 1, write 1); block weights are cast
     # and transposed once per step (cached across micro-batches), added below with the optimizer
-    cast_s = 0.0
+    cast_layer_s = 0.0
     if fp8:
-        cast_s = layers_stage * sum((e + 1 + 2) * g.m * g.k + (e + 1) * g.m * g.n
-                                    for g in layer_gemms(spec, tokens_micro, lo.tp)) / rates.mem_bytes_per_s
+        cast_layer_s = sum((e + 1 + 2) * g.m * g.k + (e + 1) * g.m * g.n
+                           for g in layer_gemms(spec, tokens_micro, lo.tp)) / rates.mem_bytes_per_s
+    # the busiest stage sets the pipeline's pace: the last (its blocks + the output layer) or,
+    # where the output layer took a block's place, a fuller stage before it
+    layer_micro_s = lt.forward_s + lt.backward_s + recompute_s + tp_comm_s + cp_comm_s + cast_layer_s
+    layers_stage = last
+    if max(first, middle) * layer_micro_s > last * layer_micro_s + head_s:
+        layers_stage, head_s = max(first, middle), 0.0
+    cast_s = layers_stage * cast_layer_s
     fwd_s = layers_stage * lt.forward_s
     bwd_s = layers_stage * (lt.backward_s + recompute_s)
     stage_micro_s = fwd_s + bwd_s + layers_stage * (tp_comm_s + cp_comm_s) + head_s + cast_s

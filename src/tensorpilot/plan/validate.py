@@ -336,6 +336,9 @@ def _kernels(row) -> str:
     notes = _text(row, "flops_convention").lower()
     if re.search(r"\beager\b|\bno (torch\.)?compile|without (torch\.)?compile", notes):
         return "eager"
+    # "torch.compile not used" / "compile disabled" say nothing of the kernels: hand-fused CUDA
+    # (apex, flash-attn's fused ops) may still run, so the framework decides, as when unstated
+    notes = re.sub(r"(torch\.)?compile[ds]?\s*(is\s+)?(not used|not enabled|disabled|off|false)", "", notes)
     # torch.compile named, or implied: PyTorch's async TP is an Inductor pass (micro-pipeline TP)
     if "compile" in notes or any(k in _flags(row) for k in _ASYNC_TP):
         return "fused"
