@@ -39,9 +39,13 @@ FP8_RECIPES = ("te", "torchao")
 
 # A training step runs the tensor cores for minutes at full load, a GEMM benchmark for a burst:
 # under the power cap clocks settle 5-15% below boost on A100/H100 (public nvidia-smi traces of
-# training jobs), and kernels leave small gaps between them. One global factor on every compute
-# rate: 0.90. FITTED within that physical range on the reference runs (0.85-0.90 all pass).
-SUSTAINED_COMPUTE_FRACTION = 0.90
+# training jobs), kernels leave small gaps between them, and a step's GEMMs have the model's
+# shapes where MAMF is the best of a sweep. One global factor on every compute rate, CHOSEN within
+# that physical range: the 43 reference rows fit anywhere in 0.85-0.90 (median error 2.6-3.3%);
+# the ~1,060 other published runs of the validation file (91 sources) are predicted faster than
+# measured at 0.90 (the median source by +10%; 70 of 91 sources fast) and still by +5% at 0.85,
+# the range's low end, taken. Checked afterwards on a blind set (benchmarks/RESULTS.md, holdout11).
+SUSTAINED_COMPUTE_FRACTION = 0.85
 
 # Half-saturation size of a GEMM's smallest dimension: efficiency = e / (e + N_HALF). Tiles are
 # 128 x 128 (x 32-64 deep); a dimension comparable to one tile leaves tensor cores idle on padding
