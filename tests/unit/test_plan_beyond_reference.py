@@ -257,7 +257,7 @@ def test_one_all_gather_per_step_by_hand():
     params_stage = (spec.layers / 2) * spec.layer_params / 8 + max(spec.embedding_params, spec.head_params) / 8
     blocks = spec.layers // 2                                             # a collective a block
     ag = blocks * 3 * 10e-6 + 3 / 4 * params_stage * 2 / bw               # bf16 weights, 4 ranks
-    rs = blocks * 3 * 10e-6 + 3 / 4 * params_stage * 2 / bw               # bf16 gradients
+    rs = blocks * 3 * 10e-6 + 3 / 4 * params_stage * 4 / bw               # fp32 gradients (Megatron's bf16)
     # the overlap is at most one micro-batch of compute, small next to minutes of transfer
     assert plan.time_breakdown_s["dp_comm_exposed"] == pytest.approx(ag + rs, rel=0.02)
 
@@ -713,5 +713,99 @@ def test_plans_cli_choices_are_the_planners_registries():
     plan = build_parser()._subcommands["plan"]
     choices = {a.dest: tuple(a.choices) for a in plan._actions if a.choices}
     assert choices["kernels"] == tm.KERNELS and choices["fp8_recipe"] == cal.FP8_RECIPES
-    assert choices["precision"] == mem.PRECISIONS
+    assert choices["precision"] == mem.PRECISIONS and choices["grad_dtype"] == mem.GRAD_DTYPES
     assert [mem.precision(p).autocast for p in mem.PRECISIONS] == [p.endswith("-amp") for p in mem.PRECISIONS]
+
+
+# ------------------------------------------------------------------------------ FLOP conventions
+
+@pytest.mark.parametrize("metric,notes,expected", [
+    ("achieved_tflops_per_gpu", "", ("full", True)),                     # Megatron's hardware count
+    ("mfu", "", ("full", False)),                                        # PaLM's model count
+    ("achieved_tflops_per_gpu", "incl. recompute (96Bslh^2 form)", ("full", True)),
+    ("achieved_tflops_per_gpu", "'Model TFLOP / sec / GPU' = model FLOPs (NeMo formula, no recompute term)",
+     ("full", False)),
+    ("achieved_tflops_per_gpu", "MaxText: 3 x (matmul flops + non-causal attention 4*b*s^2*heads*head_dim)",
+     ("full", False)),
+    ("achieved_tflops_per_gpu", "per layer 8Bsh^2 + 4Bs^2h/2 causal attention ... x (3 + 1 for activation "
+     "checkpointing) i.e. recompute counted", ("causal", True)),
+    ("achieved_tflops_per_gpu", "f = 4 when activation ckpt is on (counts the recompute); attention s^2 term full "
+     "(not causal-halved); head without the recompute factor", ("full", True)),
+    ("mfu", "MFU on MaxText's FLOP count; footnote: attention FLOPs halved for causal masking", ("causal", False)),
+    ("mfu", "6 x 15.7B x tokens per step / (GPUs x 989 TFLOP/s x iteration time)", ("none", False)),
+    ("achieved_tflops_per_gpu", "6 x num_model_parameters x max_target_length x per_device_batch_size / step time "
+     "(6N, no attention term, no recompute)", ("none", False)),
+    ("mfu", "MFU per the nanoGPT / PaLM method (6N + 12*L*H*Q*T attention term)", ("full", False)),
+    ("achieved_tflops_per_gpu", "6*seqlen*params + 12*layers*hidden*seqlen^2 (causal attention NOT halved); model "
+     "FLOPs", ("full", False)),
+])
+def test_rows_say_how_their_flops_are_counted(metric, notes, expected):
+    from tensorpilot.plan.validate import flop_convention
+
+    assert flop_convention({"metric": metric, "flops_convention": notes}) == expected
+
+
+def test_a_figure_is_predicted_in_its_own_flop_convention_by_hand():
+    """The same run under three conventions: the predicted figures differ exactly by the ratio of
+    their FLOP counts, and the step time under them is the same."""
+    from tensorpilot.plan.validate import predict_row
+
+    # Llama 2 7B shapes, 8 A100, seq 4096, batch 2 per GPU, full recompute
+    h, L, s, V, f, b = 4096, 32, 4096, 32000, 11008, 16
+    base = {"id": "C-1", "model": "Llama 2 7B", "params_b": "6.74", "hidden": str(h), "layers": str(L),
+            "heads": "32", "vocab": str(V), "ffn_hidden": str(f), "kv_heads": "32", "gpu": "A100-80GB",
+            "n_gpus": "8", "tp": "1", "pp": "1", "dp": "8", "seq_len": str(s), "global_batch": str(b),
+            "micro_batch": "2", "precision": "bf16 mixed", "recompute": "full", "sharding": "zero1",
+            "metric": "achieved_tflops_per_gpu", "value": "150", "unit": "TFLOP/s/GPU", "source": "test"}
+    full_hw = predict_row({**base, "flops_convention": "incl. recompute"}).predicted
+    causal_model = predict_row({**base, "flops_convention": "causal attention halved; no recompute term"}).predicted
+    six_n = predict_row({**base, "flops_convention": "6 x N x tokens"}).predicted
+    per_token_layer = 2 * (4 * h * h + 3 * h * f)          # forward weight GEMMs of one block, per token
+    attn_full = 2 * 2 * s * h                               # scores and A V over every key, per token
+    head = 2 * h * V
+    fwd_full = L * (per_token_layer + attn_full) + head
+    fwd_causal = L * (per_token_layer + attn_full / 2) + head
+    recomputed = L * (per_token_layer + attn_full)          # the recomputed forward of every block
+    assert causal_model / full_hw == pytest.approx(3 * fwd_causal / (3 * fwd_full + recomputed), rel=1e-9)
+    # 6 N per token, no recompute term: the statement of a 6 N count is forward + backward
+    assert six_n / full_hw == pytest.approx(6 * 6.74e9 / (3 * fwd_full + recomputed), rel=1e-9)
+    eight_n = predict_row({**base, "flops_convention": "6 x N x tokens, incl. recompute"}).predicted
+    assert eight_n / six_n == pytest.approx(8 / 6, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------ gradient dtype
+
+def test_megatron_bf16_keeps_fp32_gradients_by_hand():
+    """Megatron-LM's distributed optimizer docs: bf16 params with fp32 grads take 6 + 12/d bytes
+    a parameter (d: data-parallel ranks the optimizer is sharded over), fp16 ones 4 + 12/d as ZeRO
+    counts them; a run that reduces its bf16 gradients in bf16 (NeMo's performance recipes) is
+    back to 4 + 12/d."""
+    spec, acc = get_model("llama3-8b"), catalog.get("h100-sxm")
+    lo = Layout(dp=8, sharding="zero1")
+    states = ("params", "grads", "master_params", "optimizer")
+
+    def per_param(**kw):
+        p = predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=16, **kw))
+        return sum(p.memory_bytes[k] for k in states) / spec.n_params
+
+    assert per_param(precision="bf16") == pytest.approx(6 + 12 / 8)
+    assert per_param(precision="fp16") == pytest.approx(4 + 12 / 8)
+    assert per_param(precision="bf16", grad_dtype="bf16") == pytest.approx(4 + 12 / 8)
+    assert per_param(precision="fp8") == per_param(precision="bf16")
+    with pytest.raises(ConfigError, match="grad_dtype must be one of"):
+        TrainSetup(seq_len=4096, global_batch=16, grad_dtype="fp64")
+
+
+@pytest.mark.parametrize("precision,notes,source,expected", [
+    ("bf16", "", "Skywork-13B tech report (Megatron fork)", None),                # the recipe's: fp32
+    ("bf16", "", "NVIDIA/NeMo docs/source/performance/performance_summary.md", "bf16"),
+    ("fp8", "", "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md", "bf16"),
+    ("bf16-amp", "", "NVIDIA/NeMo docs/source/performance/performance_summary.md", None),   # not Megatron's
+    ("bf16", "optimizer distributed_fused_adam, grad_sync_dtype bf16", "a launcher config", "bf16"),
+    ("bf16", "DistributedDataParallelConfig(grad_reduce_in_fp32=True)", "NVIDIA/NeMo recipe", "fp32"),
+    ("bf16", "--grad-reduce-in-bf16", "Megatron-LM", "bf16"),
+])
+def test_rows_say_which_dtype_their_gradients_were_reduced_in(precision, notes, source, expected):
+    from tensorpilot.plan.validate import _grad_dtype
+
+    assert _grad_dtype({"flops_convention": notes, "source": source}, precision) == expected

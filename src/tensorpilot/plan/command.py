@@ -79,7 +79,8 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="Sequences per optimizer step (default: ~1M tokens, at least one per replica).")
     t.add_argument("--precision", default="bf16",
                    choices=["fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8"],
-                   help="bf16/fp16: half weights + fp32 master (16 B/param with Adam); *-amp: torch.autocast "
+                   help="bf16/fp16: half weights + fp32 master (Adam: 18 B/param, bf16 with fp32 gradients as "
+                        "Megatron keeps them; fp16 16 B/param); *-amp: torch.autocast "
                         "with fp32 weights; bf16-pure: all bf16 (default: bf16).")
     t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit"],
                    help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
@@ -94,6 +95,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="With --precision fp8, whose GEMMs: te = Transformer Engine (cuBLASLt, 0.81 of the fp8 "
                         "peak on H100/H200), torchao = torchao float8 training via torch._scaled_mm (0.59) "
                         "(default: te).")
+    t.add_argument("--grad-dtype", default=None, choices=["fp32", "bf16", "fp16"],
+                   help="Dtype gradients are accumulated and reduced in (default: the precision's: fp32 for "
+                        "bf16 and fp8 as Megatron-LM keeps them, the weights' dtype otherwise; NVIDIA's NeMo "
+                        "performance recipes reduce in bf16).")
     c = p.add_argument_group("time, cost and energy")
     c.add_argument("--tokens", type=float, default=None, metavar="N",
                    help="Tokens to train (e.g. 1e12) for time, GPU-hours, cost and energy.")
@@ -206,7 +211,8 @@ def _setup(args, spec, replicas: int):
             raise UsageError(f"the default global batch, {replicas:,} replicas x --micro-batch {args.micro_batch:,}, "
                              f"exceeds {MAX_SEQUENCES:,} sequences; pass --global-batch.")
     return TrainSetup(seq_len=seq, global_batch=batch, precision=args.precision, optimizer=args.optimizer,
-                      attention=args.attention, kernels=args.kernels, fp8_recipe=args.fp8_recipe, tokens=args.tokens,
+                      attention=args.attention, kernels=args.kernels, fp8_recipe=args.fp8_recipe,
+                      grad_dtype=args.grad_dtype, tokens=args.tokens,
                       price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
                       else cal.DEFAULT_GRID_G_PER_KWH,

@@ -25,7 +25,7 @@ from tensorpilot.errors import ConfigError
 from tensorpilot.plan import calibration as cal
 from tensorpilot.plan.models import ModelSpec
 
-__all__ = ["DTYPE_BYTES", "OPTIMIZER_STATE_BYTES", "PRECISION_LABELS", "Precision", "activation_bytes_per_device",
+__all__ = ["DTYPE_BYTES", "GRAD_DTYPES", "OPTIMIZER_STATE_BYTES", "PRECISION_LABELS", "Precision", "activation_bytes_per_device",
            "layer_activation_bytes", "model_state_bytes", "optimizer_state_bytes", "precision",
            "precision_from_label", "weights_bytes", "kv_cache_bytes"]
 
@@ -54,6 +54,8 @@ class Precision:
 
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8")
+# dtypes gradients can be accumulated and reduced in, whatever the recipe's default (precision())
+GRAD_DTYPES = ("fp32", "bf16", "fp16")
 
 # Optimizer state per parameter, in bytes (fp32 states unless the name says otherwise):
 #   adam/adamw  m and v: 2 x 4
@@ -131,27 +133,42 @@ def optimizer_state_bytes(optimizer: str, n_params: float, matrices: list[tuple[
     return 4.0 * sum((r + c) * k for r, c, k in matrices) + 4.0 * max(0.0, n_params - in_matrices)
 
 
-def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float | None = None) -> Precision:
-    """Recipes: 'fp32'/'tf32' (all fp32), 'bf16'/'fp16' (half weights and grads + fp32 master and
-    Adam: Megatron, DeepSpeed), 'bf16-amp'/'fp16-amp' (torch.autocast: fp32 weights, grads and
-    Adam; half compute), 'bf16-pure' (everything bf16, Adam states too), 'fp8' (Transformer
-    Engine's recipe: bf16 weights with an fp32 master, fp8 GEMMs, each block weight cached in fp8
-    with its transpose -- Hopper's fp8 GEMM takes only the TN layout --, GEMM inputs saved for
-    backward in fp8; attention, norms and communication in bf16). ``state_bytes_per_param``
-    overrides the optimizer's table figure (Adafactor from the model's shapes)."""
+def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float | None = None,
+              grad_dtype: str | None = None) -> Precision:
+    """Recipes: 'fp32'/'tf32' (all fp32), 'bf16'/'fp16' (half weights + fp32 master and Adam,
+    Megatron and DeepSpeed; bf16 with fp32 gradients, fp16 with half ones), 'bf16-amp'/'fp16-amp'
+    (torch.autocast: fp32 weights, grads and Adam; half compute), 'bf16-pure' (everything bf16,
+    Adam states too), 'fp8' (Transformer Engine's recipe: bf16 weights with an fp32 master, fp8
+    GEMMs, each block weight cached in fp8 with its transpose -- Hopper's fp8 GEMM takes only the
+    TN layout --, GEMM inputs saved for backward in fp8; attention, norms and communication in
+    bf16; fp32 gradients as under bf16). ``state_bytes_per_param`` overrides the optimizer's table
+    figure (Adafactor from the model's shapes); ``grad_dtype`` the dtype gradients are accumulated
+    and reduced in (Megatron's --grad-reduce-in-bf16, NeMo's grad_reduce_in_fp32=False)."""
+    if grad_dtype is not None:
+        if grad_dtype not in GRAD_DTYPES:
+            raise ConfigError(f"grad_dtype must be one of {', '.join(GRAD_DTYPES)}, not {grad_dtype!r}.")
+        from dataclasses import replace
+
+        return replace(precision(name, optimizer, state_bytes_per_param), grad_bytes=DTYPE_BYTES[grad_dtype])
     if optimizer not in OPTIMIZER_STATE_BYTES:
         raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZER_STATE_BYTES)}, not {optimizer!r}.")
     st = OPTIMIZER_STATE_BYTES[optimizer] if state_bytes_per_param is None else state_bytes_per_param
     if name in ("fp32", "tf32"):
         return Precision(name, name, 4, 4, 0, st, 4, 0)
-    if name in ("bf16", "fp16"):
+    if name == "bf16":
+        # Megatron-LM's --bf16 accumulates and reduces gradients in fp32 (arguments.py sets
+        # accumulate_allreduce_grads_in_fp32 for bf16: "bfloat16 requires gradient accumulation
+        # and all-reduce to be done in fp32"): 2 + 4 + (4 + 8) / d bytes a parameter with the
+        # distributed optimizer, its docs' "6 + 12/d" (docs/source/distrib_optimizer.md)
+        return Precision(name, name, 2, 4, 4, st, 2, 0)
+    if name == "fp16":          # fp16 gradients, fp32 master: ZeRO's 2 + 2 + 12 (Rajbhandari et al., sec. 3.1)
         return Precision(name, name, 2, 2, 4, st, 2, 0)
     if name in ("bf16-amp", "fp16-amp"):
         return Precision(name, name[:4], 4, 4, 0, st, 2, 2)
     if name == "bf16-pure":    # states kept in bf16 too: half of fp32 ones (8-bit and bf16 ones stay)
         return Precision(name, "bf16", 2, 2, 0, st / 2 if optimizer in ("adam", "adamw", "sgd") else st, 2, 0)
     if name == "fp8":
-        return Precision(name, "fp8", 2, 2, 4, st, 2, 2, gemm_input_bytes=1)
+        return Precision(name, "fp8", 2, 4, 4, st, 2, 2, gemm_input_bytes=1)
     raise ConfigError(f"unknown precision {name!r}; use one of {', '.join(PRECISIONS)}.")
 
 

@@ -43,6 +43,7 @@ class TrainSetup:
     attention: str = "flash"              # flash (fused, causal half computed) | materialized
     kernels: str = "fused"                # elementwise ops: fused (Megatron/TE, XLA, torch.compile) | eager
     fp8_recipe: str = "te"                # fp8 GEMM path: te (Transformer Engine, cuBLASLt) | torchao (_scaled_mm)
+    grad_dtype: str | None = None         # gradients accumulated and reduced in: fp32 | bf16 | fp16; None: the recipe's
     tokens: float | None = None           # tokens to train, for time / cost / energy
     price_per_hour: float | None = None   # USD per device-hour; default: the catalog's price
     grid_g_per_kwh: float = cal.DEFAULT_GRID_G_PER_KWH
@@ -59,6 +60,8 @@ class TrainSetup:
         check_number("goodput", self.goodput, 1.0, above_low=True)
         if self.kernels not in tm.KERNELS:
             raise ConfigError(f"kernels must be one of {', '.join(tm.KERNELS)}, not {self.kernels!r}.")
+        if self.grad_dtype is not None and self.grad_dtype not in mem.GRAD_DTYPES:
+            raise ConfigError(f"grad_dtype must be one of {', '.join(mem.GRAD_DTYPES)}, not {self.grad_dtype!r}.")
         if self.fp8_recipe not in cal.FP8_RECIPES:
             raise ConfigError(f"fp8_recipe must be one of {', '.join(cal.FP8_RECIPES)}, not {self.fp8_recipe!r}.")
 
@@ -228,7 +231,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         check_layout(spec, layout, setup)
     lo, s = layout, setup
     state = mem.optimizer_state_bytes(s.optimizer, spec.n_params, spec.matrices()) / spec.n_params
-    prec = mem.precision(s.precision, s.optimizer, state_bytes_per_param=state)
+    prec = mem.precision(s.precision, s.optimizer, state_bytes_per_param=state, grad_dtype=s.grad_dtype)
     e = prec.act_bytes
     rates = device_rates(acc, prec.compute, s.fp8_recipe)
     fp8 = prec.compute == "fp8"

@@ -227,7 +227,7 @@ def _fewest_devices(spec: ModelSpec, acc: Accelerator, setup: TrainSetup, tokens
       keeps at least n_params x state bytes / n: the busiest pipeline stage holds at least its
       share) plus the CUDA context, within the usable memory predict() allows."""
     ideal_device_s = tokens * model_flops_per_token(spec, setup.seq_len) / peak_flops_per_s
-    prec = mem.precision(setup.precision, setup.optimizer)
+    prec = mem.precision(setup.precision, setup.optimizer, grad_dtype=setup.grad_dtype)
     state_bytes = sum(mem.model_state_bytes(spec.n_params, prec).values())
     usable_bytes = (acc.mem_gb or 0) * 2**30 * (1 - cal.SAFETY_MARGIN_FRACTION) - cal.CONTEXT_BYTES
     by_memory = state_bytes / usable_bytes if usable_bytes > 0 else math.inf

@@ -319,6 +319,7 @@ def _layout_setup(row, spec: ModelSpec):
         precision = "bf16"
     setup = TrainSetup(seq_len=_int(row, "seq_len", spec.max_seq_len if spec else 2048),
                        global_batch=batch, precision=precision, kernels=_kernels(row), fp8_recipe=_fp8_recipe(row),
+                       grad_dtype=_grad_dtype(row, precision),
                        optimizer=_optimizer(row), attention="flash" if flash else "materialized",
                        tokens=tokens if tokens and tokens > 0 else None)
     return layout, setup
@@ -345,11 +346,78 @@ def _kernels(row) -> str:
     return "eager" if any(k in _text(row, "source").lower() for k in _EAGER_SOURCES) else "fused"
 
 
+def _grad_dtype(row, precision: str) -> str | None:
+    """The dtype the run reduced its gradients in, where the row says or its framework's published
+    recipes fix it: notes naming grad_sync_dtype / grad_reduce_in_fp32 / --grad-reduce-in-bf16;
+    NVIDIA's NeMo and Megatron-Bridge performance recipes reduce bf16 and fp8 runs' gradients in
+    bf16 (NeMo scripts/performance/helpers.py, set_precision_configs: grad_reduce_in_fp32 = False).
+    None: the precision recipe's own (Megatron-LM's fp32 for bf16 and fp8)."""
+    flags = _flags(row)
+    if re.search(r"grad-sync-dtype(=|:)?bf16|grad-reduce-in-fp32(=|:)?false|grad-reduce-in-bf16", flags):
+        return "bf16"
+    if re.search(r"grad-sync-dtype(=|:)?fp32|grad-reduce-in-fp32(=|:)?true|accumulate-allreduce-grads-in-fp32", flags):
+        return "fp32"
+    if precision in ("bf16", "fp8") and any(k in _text(row, "source").lower() for k in _MEGATRON_RECIPE_SOURCES):
+        return "bf16"
+    return None
+
+
 def _fp8_recipe(row) -> str:
     """torchao's float8 training (its "float8" naming, or torchtitan / OLMo-core, which train fp8
     only through it) or Transformer Engine (every other fp8 row: NeMo, Megatron, llm-foundry, JAX)."""
     text = " ".join(_text(row, k) for k in ("precision", "flops_convention", "source")).lower()
     return "torchao" if any(k in text for k in ("float8", "torchao", "torchtitan", "olmo-core")) else "te"
+
+
+# How a published TFLOP/s or MFU figure counts FLOPs, read from the row's notes. Sources differ:
+# Megatron's formula counts every s x s score ("full"); MaxText since 2025, XTuner and others halve
+# it for causal masking; PaLM-style "6N" MFU (MaxText's older count, the Nemotron-4 reports) counts
+# no attention at all; a hardware count (Megatron's 96 B s L h^2 form) adds the recomputed forward,
+# a model count does not. A prediction in another convention than the figure's would compare
+# different numerators, not different speeds.
+_FULL_ATTENTION = re.compile(r"non[- ]causal|not causal|causal[^;,]{0,25}not halved|not (causal[- ])?halved|"
+                             r"s\^?2 term full|full (non[- ]causal )?attention")
+_CAUSAL_ATTENTION = re.compile(r"halved for causal|causal[- ]halved|causal attention|s\^?2\s*h?\s*/\s*2|/\s*2 causal")
+_SIX_N = re.compile(r"\b6\s*(?:x|\*|×)?\s*(?:n\b|nd\b|num_model_param\w*|[\d.]+\s*(?:e\d+|b)\b|params?\b|parameters?\b)")
+_ATTENTION_TERM = re.compile(r"\+\s*(?:12|attention)|(?<!no )attention term")
+_RECOMPUTE_COUNTED = re.compile(r"incl\w*\.? (activation )?recompute|counts? the recompute|recompute counted|"
+                                r"hardware (t)?flops|x \(3 \+ 1|4\s*\*\s*2 coefficient|includ\w* the recomputed|"
+                                r"96\s*\*?\s*b\s*\*?\s*s")
+_RECOMPUTE_NOT_COUNTED = re.compile(r"no recompute|without (the |a )?recompute|model[- ]flops|model tflop|"
+                                    r"excl\w*\.? (activation )?recompute|not count\w* (the )?recompute|\b3 x \(")
+
+
+def flop_convention(row) -> tuple[str, bool]:
+    """(attention, recompute counted) of the row's TFLOP/s or MFU figure: attention "full" (every
+    score, Megatron's and PaLM's formula; the default), "causal" (the half a causal kernel
+    computes) or "none" (6 N per token); recomputation counted by default in achieved TFLOP/s
+    (a hardware count, as Megatron-LM prints it) unless it is a 6 N count, not in MFU (a model
+    count); the notes' own statement wins."""
+    notes = _text(row, "flops_convention").lower()
+    attention = "causal" if _CAUSAL_ATTENTION.search(notes) and not _FULL_ATTENTION.search(notes) else "full"
+    six_n = _SIX_N.search(notes)
+    if six_n and not _ATTENTION_TERM.search(notes, six_n.start(), six_n.start() + 120):
+        attention = "none"
+    # a 6 N count is forward + backward by its own statement; a hardware count would say 8 N
+    counted = _text(row, "metric") == "achieved_tflops_per_gpu" and attention != "none"
+    if _RECOMPUTE_COUNTED.search(notes):
+        counted = True
+    elif _RECOMPUTE_NOT_COUNTED.search(notes):
+        counted = False
+    return attention, counted
+
+
+def _counted_flops(row, spec: ModelSpec, params_b: float | None, plan, setup) -> float:
+    """The step's FLOPs as the row's figure counts them (flop_convention)."""
+    from tensorpilot.plan.flops import recompute_flops, train_flops
+
+    attention, counted = flop_convention(row)
+    batch, seq = setup.global_batch, setup.seq_len
+    recompute = plan.layout_detail.recompute if counted else "none"
+    if attention == "none":          # 6 N per token (+ 2 N for a recomputed forward)
+        n = params_b * 1e9 if params_b else spec.n_params
+        return (6 + 2 * (recompute == "full")) * n * batch * seq
+    return train_flops(spec, batch, seq, attention) + recompute_flops(spec, batch, seq, recompute, attention)
 
 
 # ------------------------------------------------------------------------------ predictions
@@ -494,7 +562,8 @@ def _predict(row, result: RowResult) -> float | None:
     if "uncertain" in _text(row, "flops_convention"):
         result.note = "published value marked uncertain"
     states = ("params", "grads", "master_params", "optimizer")
-    return {"achieved_tflops_per_gpu": lambda: plan.hardware_flops_per_step / plan.step_time_s / plan.n_devices,
+    return {"achieved_tflops_per_gpu": lambda: _counted_flops(row, spec, params_b, plan, setup) / plan.step_time_s
+            / plan.n_devices,
             "tokens_per_s_per_gpu": lambda: plan.tokens_per_s_per_device,
             "iteration_time": lambda: plan.step_time_s,
             "model_state_memory_per_gpu": lambda: sum(plan.memory_bytes[k] for k in states),
@@ -502,7 +571,8 @@ def _predict(row, result: RowResult) -> float | None:
             "nvidia_smi_memory": lambda: plan.memory_bytes["total"],
             # what the framework's allocator reports (torch.cuda.max_memory_reserved): no CUDA context
             "peak_memory_per_gpu": lambda: plan.memory_bytes["total"] - plan.memory_bytes["cuda_context"],
-            "mfu": lambda: plan.mfu,
+            "mfu": lambda: _counted_flops(row, spec, params_b, plan, setup) / plan.step_time_s / plan.n_devices
+            / plan.peak_flops_per_s,
             "gpu_hours": lambda: plan.gpu_hours,
             "time_to_train": lambda: plan.time_to_train_s,
             "energy": lambda: _required(plan.energy_kwh, f"{acc.key} has no board power in the catalog"),
