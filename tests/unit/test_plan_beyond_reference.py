@@ -809,3 +809,41 @@ def test_rows_say_which_dtype_their_gradients_were_reduced_in(precision, notes, 
     from tensorpilot.plan.validate import _grad_dtype
 
     assert _grad_dtype({"flops_convention": notes, "source": source}, precision) == expected
+
+
+# ------------------------------------------------------------------------------ attention kernel read
+
+@pytest.mark.parametrize("notes,source,expected", [
+    ("", "NVIDIA/NeMo docs/source/performance/performance_summary.md", "flash"),      # the source's software
+    ("flash attention (flash-attn 2)", "a paper", "flash"),
+    ("", "a paper", "materialized"),
+    ("no flash attention", "a paper", "materialized"),
+    ("flash attention not used by this DLE BERT code", "lambdal/deeplearning-benchmark", "materialized"),
+    ("no flash-attention option in the launcher config", "NVIDIA/NeMo-Framework-Launcher README.md", "materialized"),
+    ("materialised attention (no --use-flash-attn in the script)", "microsoft/Megatron-DeepSpeed", "materialized"),
+    ("remat_policy=minimal_flash (not one of none/selective/full)", "google/maxtext", "flash"),
+])
+def test_rows_say_whether_attention_was_fused(notes, source, expected):
+    from tensorpilot.plan.validate import _attention
+
+    assert _attention({"flops_convention": notes, "source": source}) == expected
+
+
+def test_a_pipelined_row_without_a_global_batch():
+    """The bubble needs the micro-batch count: a speed row is not modelled, with the reason; a
+    memory row takes the smallest batch that fills the pipeline (pp micro-batches in flight,
+    1F1B's peak), which is what a larger batch would hold too."""
+    from tensorpilot.plan.validate import predict_row
+
+    row = {"id": "P-1", "model": "Llama 2 13B", "params_b": "13", "hidden": "5120", "layers": "40", "heads": "40",
+           "vocab": "32000", "ffn_hidden": "13824", "kv_heads": "40", "gpu": "A100-80GB", "n_gpus": "64", "tp": "2",
+           "pp": "2", "dp": "16", "seq_len": "2048", "global_batch": "", "micro_batch": "1",
+           "precision": "bf16 mixed", "recompute": "none", "sharding": "zero1", "metric": "mfu", "value": "50",
+           "unit": "%", "flops_convention": "", "source": "test"}
+    speed = predict_row(row)
+    assert speed.predicted is None and "no global batch" in speed.note
+    memory = {**row, "metric": "peak_memory_per_gpu", "value": "40", "unit": "GiB"}
+    filled = {**memory, "global_batch": str(16 * 2)}                      # dp x micro-batch x pp
+    larger = {**memory, "global_batch": str(16 * 8)}
+    assert predict_row(memory).predicted == pytest.approx(predict_row(filled).predicted)
+    assert predict_row(memory).predicted == pytest.approx(predict_row(larger).predicted)

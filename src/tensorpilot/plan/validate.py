@@ -11,7 +11,12 @@ How a row becomes a prediction, with every rule stated (none is per row):
   dropout and a classification head; otherwise GPT/Megatron: GeLU, biases, dropout 0.1, learned
   positions. A row with only params_b supports the memory metrics that need nothing else.
 - the attention kernel follows the software the source used: Megatron-LM papers of 2021-22 and
-  the Hugging Face BERT guide materialise the s x s scores; llm-foundry and torchtitan use flash.
+  the Hugging Face BERT guide materialise the s x s scores; llm-foundry and torchtitan use flash;
+  notes that say no flash kernel ran ("no flash attention", "flash attention not used") win.
+- a TFLOP/s or MFU figure is predicted in the FLOP convention its notes state (flop_convention:
+  6 N, causal-halved or full attention, the recomputed forward counted or not).
+- Megatron-style bf16 and fp8 keep fp32 gradients; NeMo's and Megatron-Bridge's performance
+  recipes, and notes that say so (grad_sync_dtype, grad_reduce_in_fp32), reduce them in bf16.
 - labels are read generously (layout.normalize_sharding_label, memory.precision_from_label):
   'fp16 mixed' -> half weights + fp32 master (Megatron, DeepSpeed); 'amp' / HF 'mixed adamw' ->
   torch.autocast; 'bf16' (torchtitan FSDP2 mixed precision) -> autocast-like; 'fp8' -> fp8
@@ -21,7 +26,8 @@ How a row becomes a prediction, with every rule stated (none is per row):
 - units: GB = 1e9 bytes (papers' arithmetic); MB = MiB, 2^20 bytes (what nvidia-smi, PyTorch
   and accelerate print under that name); GiB = 2^30; % for MFU; GPU-hours, s/min/h/days, kWh/MWh.
 - a blank micro_batch is 1; 'interleaved pipeline (N chunks)' in flops_convention selects the
-  interleaved schedule.
+  interleaved schedule; a pipelined row without a global batch has no bubble to predict (speed
+  metrics: not modelled; memory: the smallest batch that fills the pipeline).
 
 A row the planner cannot model (an unknown label, accelerator or metric, a malformed number, a
 size that is zero or negative, a missing column, a layout that cannot run) is reported with its
@@ -305,12 +311,18 @@ def _layout_setup(row, spec: ModelSpec):
                     virtual_stages=max(chunks, 2) if interleaved else 1, recompute=rec,
                     shard_group=max(1, cal.GPUS_PER_NODE // tp) if hybrid else 0, cp=cp,
                     overlap_comm=any(k in flags for k in _OVERLAP_PHRASES))
-    flash = any(s in _text(row, "source").lower() for s in _FLASH_SOURCES) or "flash" in conv
     tokens = _number(row, "tokens") if "tokens" in row else None
     # a published global batch that dp x micro-batch does not divide (OPT: 1024 sequences on 124
     # replicas) ran with uneven or dropped micro-batches: the nearest multiple is predicted
     per = dp * layout.micro_batch
-    batch = _int(row, "global_batch", 1)
+    batch = _int(row, "global_batch", 0)
+    if not batch and pp > 1:
+        # a pipeline's bubble is (pp - 1) / (micro-batches + pp - 1): without the global batch there
+        # is no speed to predict; memory peaks once pp micro-batches are in flight (1F1B), so the
+        # smallest batch that fills the pipeline stands in for it
+        if METRIC_KINDS.get(_text(row, "metric")) != "memory":
+            raise ConfigError("the row gives no global batch, which a pipeline's bubble depends on")
+        batch = per * pp
     batch = max(per, round(batch / per) * per)
     precision = _precision(_text(row, "precision"))
     if precision == "bf16-amp" and any(k in _text(row, "source").lower() for k in _MEGATRON_RECIPE_SOURCES):
@@ -320,9 +332,26 @@ def _layout_setup(row, spec: ModelSpec):
     setup = TrainSetup(seq_len=_int(row, "seq_len", spec.max_seq_len if spec else 2048),
                        global_batch=batch, precision=precision, kernels=_kernels(row), fp8_recipe=_fp8_recipe(row),
                        grad_dtype=_grad_dtype(row, precision),
-                       optimizer=_optimizer(row), attention="flash" if flash else "materialized",
+                       optimizer=_optimizer(row), attention=_attention(row),
                        tokens=tokens if tokens and tokens > 0 else None)
     return layout, setup
+
+
+# notes that say the run did not use a fused attention kernel ("no flash attention", "flash
+# attention not used", "no --use-flash-attn", "materialised attention")
+_NO_FLASH = re.compile(r"\b(no|not|without|w/o)\b[^;,.]{0,12}flash|flash[- ]?attn?\w*[^;,.]{0,25}"
+                       r"\b(not used|not enabled|disabled|unused|off|false)\b|materiali[sz]ed attention")
+
+
+def _attention(row) -> str:
+    """flash where the notes name it or the source's software fuses attention (_FLASH_SOURCES),
+    materialized where the notes say it was not used -- that wins over the source's default (NeMo's
+    2022 launcher predates its flash attention) -- and otherwise."""
+    notes = _text(row, "flops_convention").lower()
+    if _NO_FLASH.search(notes):
+        return "materialized"
+    flash = "flash" in notes or any(k in _text(row, "source").lower() for k in _FLASH_SOURCES)
+    return "flash" if flash else "materialized"
 
 
 def _flags(row) -> str:
