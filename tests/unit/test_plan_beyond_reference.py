@@ -600,6 +600,7 @@ def test_eager_kernels_reach_the_step_time_by_hand():
     # a negated compile is no evidence of it: the framework decides
     ("torch.compile not used (PyTorch 1.13)", "pytorch/torchtune README.md", "eager"),
     ("apex fused RMSNorm; torch.compile not used", "InternLM/InternEvo doc/train_performance.md", "fused"),
+    ("compiled (torch.compile), not eager", "pytorch/torchtune README.md", "fused"),
 ])
 def test_rows_say_whether_they_ran_eagerly(notes, source, expected):
     from tensorpilot.plan.validate import _layout_setup, _spec
@@ -847,3 +848,37 @@ def test_a_pipelined_row_without_a_global_batch():
     larger = {**memory, "global_batch": str(16 * 8)}
     assert predict_row(memory).predicted == pytest.approx(predict_row(filled).predicted)
     assert predict_row(memory).predicted == pytest.approx(predict_row(larger).predicted)
+
+
+@pytest.mark.parametrize("notes,pattern,expected", [
+    ("--tp-comm-overlap --overlap-grad-reduce", "tp comm overlap", True),
+    ("ub_tp_comm_overlap false; overlap_grad_reduce true", "tp comm overlap", False),   # NeMo's config key
+    ("no tp-comm-overlap userbuffers config", "tp comm overlap", False),
+    ("use_distributed_optimizer=True", "distributed optimi[sz]er", True),
+    ("fused_adam (no distributed optimizer), activations_checkpoint none", "distributed optimi[sz]er", False),
+    ("sequence_parallel False, bf16 megatron_amp_O2", "sequence parallel", False),
+    ("sequence_parallel: true", "sequence parallel", True),
+    ("tp_comm_overlap true, ub_tp_comm_overlap false", "tp comm overlap", True),       # an "on" wins
+    ("bf16, selective recompute", "tp comm overlap", None),
+])
+def test_rows_switch_features_on_and_off(notes, pattern, expected):
+    from tensorpilot.plan.validate import _switch
+
+    assert _switch({"flops_convention": notes}, pattern) is expected
+
+
+def test_a_nemo_row_that_switches_its_recipe_defaults_off():
+    """NeMo's recipes default to the distributed optimizer and sequence parallelism; a row whose
+    notes say its config had neither (NeMo's 2022 launcher) is read as it says."""
+    from tensorpilot.plan.models import ModelSpec
+    from tensorpilot.plan.validate import _layout_setup
+
+    spec = ModelSpec(name="GPT-3 5B", hidden=4096, layers=24, heads=32, vocab=51200, ffn_hidden=16384)
+    row = {"flops_convention": "", "source": "NVIDIA/NeMo-Framework-Launcher README.md", "tp": "2", "pp": "1",
+           "dp": "4", "n_gpus": "8", "seq_len": "2048", "global_batch": "64", "micro_batch": "2",
+           "precision": "bf16 mixed", "recompute": "", "sharding": "", "metric": "tokens_per_s_per_gpu"}
+    recipe, _ = _layout_setup(row, spec)
+    assert recipe.sharding == "zero1" and recipe.sequence_parallel
+    stated, _ = _layout_setup({**row, "flops_convention": "fused_adam (no distributed optimizer), sequence_parallel "
+                                                          "False, no tp-comm-overlap"}, spec)
+    assert stated.sharding == "none" and not stated.sequence_parallel and not stated.overlap_comm

@@ -91,10 +91,12 @@ _MEGATRON_RECIPE_SOURCES = ("nemo", "megatron-bridge")
 _EAGER_SOURCES = ("llm-foundry", "mosaicml", "torchtitan", "torchtune", "olmo-core", "fms-fsdp",
                   "foundation-model-stack", "huggingface/transformers", "hf transformers", "huggingface/accelerate",
                   "huggingface/blog", "colossalai", "hpcaitech")
-# notes that say the run hid its collectives behind compute (Layout.overlap_comm), with spaces
-# dropped and underscores read as hyphens: Megatron's flags, torchtitan's async TP
-_ASYNC_TP = ("asynctp", "async-tp")
-_OVERLAP_PHRASES = ("tp-comm-overlap", "overlap-param-gather", *_ASYNC_TP)
+# switches the notes name, read word by word with their negations (_switch): collectives hidden
+# behind compute (Layout.overlap_comm: Megatron's flags, torchtitan's async TP), Megatron's
+# distributed optimizer
+_ASYNC_TP = r"async ?tp|async tensor parallel"
+_OVERLAP_SWITCH = rf"tp comm overlap|overlap param gather|{_ASYNC_TP}"
+_DISTRIBUTED_OPTIMIZER = r"distributed optimi[sz]er"
 # optimizer column (blank: Adam) -> planner optimizer
 _OPTIMIZERS = {"": "adam", "adam": "adam", "adamw": "adamw", "sgd": "sgd", "sgd momentum": "sgd",
                "adafactor": "adafactor", "adamw8bit": "adamw8bit", "8-bit adamw": "adamw8bit", "adam8bit": "adamw8bit",
@@ -297,20 +299,22 @@ def _layout_setup(row, spec: ModelSpec):
     dp = _int(row, "dp", 0) or (n_gpus // (tp * pp * cp) if n_gpus and n_gpus % (tp * pp * cp) == 0 else 1)
     sharding, hybrid = _sharding(row)
     flags = _flags(row)
-    if sharding == "none" and not _text(row, "sharding") and ("distributed optimizer" in conv
-                                                              or "overlap-param-gather" in flags):
+    distributed_optimizer = _switch(row, _DISTRIBUTED_OPTIMIZER)
+    param_gather = _switch(row, r"overlap param gather")
+    if sharding == "none" and not _text(row, "sharding") and (distributed_optimizer or param_gather):
         # Megatron's --overlap-param-gather exists only with --use-distributed-optimizer (ZeRO-1)
         sharding = "zero1"
     if any(k in _text(row, "source").lower() for k in _MEGATRON_RECIPE_SOURCES):
         # NeMo / Megatron-Bridge recipes: Megatron's DDP with the distributed optimizer and
-        # sequence parallelism whenever tp > 1 (their llama/gpt recipe defaults)
-        sharding = "zero1" if sharding == "none" else sharding
-        sp = True
+        # sequence parallelism whenever tp > 1 (their llama/gpt recipe defaults), unless the
+        # notes switch either off (NeMo's 2022 launcher configs: fused_adam, sequence_parallel False)
+        sharding = "zero1" if sharding == "none" and distributed_optimizer is not False else sharding
+        sp = _switch(row, r"sequence parallel") is not False
     layout = Layout(tp=tp, pp=pp, dp=dp, sharding=sharding, sequence_parallel=sp and tp > 1,
                     micro_batch=_int(row, "micro_batch", 1), schedule="interleaved" if interleaved else "1f1b",
                     virtual_stages=max(chunks, 2) if interleaved else 1, recompute=rec,
                     shard_group=max(1, cal.GPUS_PER_NODE // tp) if hybrid else 0, cp=cp,
-                    overlap_comm=any(k in flags for k in _OVERLAP_PHRASES))
+                    overlap_comm=bool(_switch(row, _OVERLAP_SWITCH)))
     tokens = _number(row, "tokens") if "tokens" in row else None
     # a published global batch that dp x micro-batch does not divide (OPT: 1024 sequences on 124
     # replicas) ran with uneven or dropped micro-batches: the nearest multiple is predicted
@@ -354,6 +358,23 @@ def _attention(row) -> str:
     return "flash" if flash else "materialized"
 
 
+def _switch(row, pattern: str) -> bool | None:
+    """Whether the notes turn a named switch on (a bare or positive mention: "--tp-comm-overlap",
+    "use_distributed_optimizer=True"), off ("no distributed optimizer", "ub_tp_comm_overlap
+    false", "sequence_parallel False", "not used") or do not name it (None). Underscores and
+    hyphens read as spaces; an "on" anywhere wins over an "off" elsewhere."""
+    notes = re.sub(r"[_-]", " ", _text(row, "flops_convention").lower())
+    seen = None
+    for m in re.finditer(pattern, notes):
+        before, after = notes[max(0, m.start() - 14):m.start()], notes[m.end():m.end() + 20]
+        off = re.search(r"\b(no|not|without|w/o|disables?|disabled)\s*$", before) or \
+            re.match(r"\s*(flag\s*)?[=:]?\s*(false|off|disabled|none|0)\b|\s*(is\s+)?(not used|not enabled)", after)
+        if not off:
+            return True
+        seen = False
+    return seen
+
+
 def _flags(row) -> str:
     """The notes with spaces dropped and underscores read as hyphens: Megatron's flags and
     framework switches however they are spelled."""
@@ -364,13 +385,13 @@ def _kernels(row) -> str:
     """Eager where the notes say so ("eager", "no compile") or a PyTorch-native framework ran
     without torch.compile; fused otherwise."""
     notes = _text(row, "flops_convention").lower()
-    if re.search(r"\beager\b|\bno (torch\.)?compile|without (torch\.)?compile", notes):
+    if re.search(r"(?<!not )(?<!non-)(?<!non )\beager\b|\bno (torch\.)?compile|without (torch\.)?compile", notes):
         return "eager"
     # "torch.compile not used" / "compile disabled" say nothing of the kernels: hand-fused CUDA
     # (apex, flash-attn's fused ops) may still run, so the framework decides, as when unstated
     notes = re.sub(r"(torch\.)?compile[ds]?\s*(is\s+)?(not used|not enabled|disabled|off|false)", "", notes)
     # torch.compile named, or implied: PyTorch's async TP is an Inductor pass (micro-pipeline TP)
-    if "compile" in notes or any(k in _flags(row) for k in _ASYNC_TP):
+    if "compile" in notes or _switch(row, _ASYNC_TP):
         return "fused"
     return "eager" if any(k in _text(row, "source").lower() for k in _EAGER_SOURCES) else "fused"
 
@@ -479,11 +500,9 @@ def _sequence_parallel(row) -> bool | None:
     False ("no sequence parallel", "sequence_parallel false", or not named), or None where they
     say it is not stated (then the fastest that fits, as for other blanks)."""
     notes = re.sub(r"[_-]", " ", _text(row, "flops_convention").lower())
-    if re.search(r"\bno sequence parallel|sequence parallel(ism)? (false|off|disabled)", notes):
-        return False
     if re.search(r"sequence parallel[a-z]*[^;]{0,40}\bnot stated", notes):
         return None
-    return "sequence parallel" in notes
+    return bool(_switch(row, r"sequence parallel"))
 
 
 def _layout_stated(row) -> bool:
