@@ -823,6 +823,14 @@ def test_rows_say_which_dtype_their_gradients_were_reduced_in(precision, notes, 
     ("no flash-attention option in the launcher config", "NVIDIA/NeMo-Framework-Launcher README.md", "materialized"),
     ("materialised attention (no --use-flash-attn in the script)", "microsoft/Megatron-DeepSpeed", "materialized"),
     ("remat_policy=minimal_flash (not one of none/selective/full)", "google/maxtext", "flash"),
+    # software named in the notes: NeMo / Megatron-Core build attention from TE's fused kernel
+    ("framework: NVIDIA NeMo Framework Release 25.09", "mlcommons/training_results_v5.1", "flash"),
+    ("--pad_fmha --fused_bias_mha", "mlcommons/training_results_v5.0", "flash"),
+    ("attn_implementation sdpa", "a blog", "flash"),
+    # Transformer Engine alone may run only the linear layers; its fused attention switched off is not one
+    ("Transformer Engine on (ENABLE_TE=1), bf16 compute", "NVIDIA/JAX-Toolbox pax README", "materialized"),
+    ("gathered _without_ FA (fused cuDNN/TE attention disabled; scores materialised)", "NVIDIA/JAX-Toolbox",
+     "materialized"),
 ])
 def test_rows_say_whether_attention_was_fused(notes, source, expected):
     from tensorpilot.plan.validate import _attention

@@ -343,18 +343,26 @@ def _layout_setup(row, spec: ModelSpec):
 
 # notes that say the run did not use a fused attention kernel ("no flash attention", "flash
 # attention not used", "no --use-flash-attn", "materialised attention")
-_NO_FLASH = re.compile(r"\b(no|not|without|w/o)\b[^;,.]{0,12}flash|flash[- ]?attn?\w*[^;,.]{0,25}"
-                       r"\b(not used|not enabled|disabled|unused|off|false)\b|materiali[sz]ed attention")
+_NO_FLASH = re.compile(r"\b(no|not|without|w/o)\b[^;,.]{0,12}(flash|fa\b)|flash[- ]?attn?\w*[^;,.]{0,25}"
+                       r"\b(not used|not enabled|disabled|unused|off|false)\b|materiali[sz]ed attention|"
+                       r"scores materiali[sz]ed|attention disabled")
+# a fused attention kernel named in the notes, or software that runs one by default (NeMo and
+# Megatron-Core build attention from Transformer Engine's fused kernel); read with _switch, so
+# "fused attention disabled" is not one. Transformer Engine alone is not: it may run only the
+# linear layers (Pax's ENABLE_TE without NVTE_FUSED_ATTN)
+_FUSED_ATTENTION = (r"flash|fmha|fused (multi head )?attention|\bsdpa\b|scaled dot product attention|"
+                    r"\bte (fused )?attention|\bnemo\b|megatron core|\bmcore\b")
 
 
 def _attention(row) -> str:
-    """flash where the notes name it or the source's software fuses attention (_FLASH_SOURCES),
-    materialized where the notes say it was not used -- that wins over the source's default (NeMo's
-    2022 launcher predates its flash attention) -- and otherwise."""
+    """flash where the notes name a fused kernel (flash, FMHA, SDPA, Transformer Engine's fused
+    attention) or software that runs one (NeMo, Megatron-Core), or the source is such software
+    (_FLASH_SOURCES); materialized where the notes say no flash kernel ran -- that wins over the
+    software's default (NeMo's 2022 launcher predates its flash attention) -- and otherwise."""
     notes = _text(row, "flops_convention").lower()
     if _NO_FLASH.search(notes):
         return "materialized"
-    flash = "flash" in notes or any(k in _text(row, "source").lower() for k in _FLASH_SOURCES)
+    flash = _switch(row, _FUSED_ATTENTION) or any(k in _text(row, "source").lower() for k in _FLASH_SOURCES)
     return "flash" if flash else "materialized"
 
 
