@@ -890,3 +890,16 @@ def test_a_nemo_row_that_switches_its_recipe_defaults_off():
     stated, _ = _layout_setup({**row, "flops_convention": "fused_adam (no distributed optimizer), sequence_parallel "
                                                           "False, no tp-comm-overlap"}, spec)
     assert stated.sharding == "none" and not stated.sequence_parallel and not stated.overlap_comm
+
+
+@pytest.mark.parametrize("key,mamf_tflops,theory_tflops", [
+    ("mi250x-gcd", 147.0, 191.5),                                # stas00/ml-engineering MAMF table, a GCD
+])
+def test_measured_gemm_fractions_of_more_parts(key, mamf_tflops, theory_tflops):
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.predict import device_rates
+
+    acc = catalog.get(key)
+    fraction = round(mamf_tflops / theory_tflops, 2)
+    assert device_rates(acc, "bf16").matmul_flops_per_s == pytest.approx(
+        acc.peak_flops_per_s("bf16") * cal.SUSTAINED_COMPUTE_FRACTION * fraction)

@@ -12,6 +12,9 @@ from __future__ import annotations
 # bf16 GEMMs (stas00/ml-engineering "MAMF" table; see shared reference measured_ceilings.md):
 #   H100 SXM 794.5 / 989.4 = 0.80, A100 SXM 271.2 / 312 = 0.87, A100 PCIe 252.9 / 312 = 0.81,
 #   MI300X 668-782 / 1307 = 0.51-0.60 (0.55 taken).
+# The same table: MI250X 147.0 / 191.5 = 0.77 per GCD (ROCm 6.2; one matmul runs on one of its
+# two GCDs). GH200 (821.0 / 989 = 0.83 there) is catalogued as a variant of the H100 die and
+# takes its fraction.
 # H200 has the H100's SXM5 compute die and clocks: its H100 fraction is ASSUMED.
 # Blackwell (sm_100): OpenXLA's GEMM cost-model table (xla/backends/gpu/cost_model/
 # matmul_interpolator_data.h, measured FLOP/s by shape) gives 1417 TFLOP/s bf16 and 2765 fp8
@@ -22,6 +25,7 @@ from __future__ import annotations
 MAMF_FRACTION: dict[str, float] = {
     "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
     "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.63, "gb200": 0.63,
+    "mi250x-gcd": 0.77,
 }
 # Devices without a measurement: an ASSUMED fraction between the measured NVIDIA parts.
 DEFAULT_MAMF_FRACTION = 0.80
