@@ -1,5 +1,7 @@
 """Multi-process tier: real process groups (gloo over loopback) of 2 CPU processes, a tiny gpt,
-fp32, deterministic. Each run is a subprocess of the real CLI, so what is tested is what users run.
+fp32, deterministic. Each run is a subprocess of the real CLI, so what is tested is what users run
+(the launcher forked from an interpreter that has imported torch already, tests/warm_cli.py; the
+workers are the fresh interpreters torchrun starts).
 
 The machine of record has 2 cores: runs are tiny (2 layers, width 64, 32-byte context, 5 steps)
 and each worker uses one thread.
@@ -9,11 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import warm_cli  # noqa: E402 - tests/warm_cli.py: the launcher forked from a warm interpreter
 
 # the same tiny gpt as tests/integration, fp32, every step logged, no evaluation in between
 TINY = ["--model.n_layer", "2", "--model.d_model", "64", "--model.n_head", "2", "--model.seq_len", "32",
@@ -36,8 +41,7 @@ def distributed_env():
 
 
 def run(*args: str, cwd: Path | None = None, timeout: float = 180, module: str = "tensorpilot", check=True):
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = warm_cli.run(list(args), module=module, cwd=cwd, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}")
     return proc

@@ -1,14 +1,18 @@
-"""Shared helpers for the end-to-end tier: run the real CLI in a subprocess, in a temp dir."""
+"""Shared helpers for the end-to-end tier: run the real CLI in a subprocess, in a temp dir (a
+process of its own, forked from an interpreter that has imported torch already: tests/warm_cli.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import warm_cli  # noqa: E402 - tests/warm_cli.py: each command a process forked from a warm interpreter
 
 
 # tiny, fast settings: a 2-layer 64-wide gpt, 32-byte context, no compilation
@@ -19,8 +23,7 @@ FAST = ["--model.n_layer", "2", "--model.d_model", "64", "--model.n_head", "2", 
 
 def run_cli(*args: str, cwd: Path | None = None, check: bool = False, timeout: float = 300,
             env: dict[str, str] | None = None):
-    proc = subprocess.run([sys.executable, "-m", "tensorpilot", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+    proc = warm_cli.run(list(args), cwd=cwd, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc

@@ -1,8 +1,9 @@
 """Helpers of the reliability battery (imported as `battery`; a unique name, unlike conftest):
 what a hostile-but-realistic user does to every command.
 
-Each case runs the real CLI in a subprocess (``python -m tensorpilot ...``) in a temporary
-directory and checks the contract of docs/reliability.md:
+Each case runs the real CLI in a subprocess (``python -m tensorpilot ...``, forked from an
+interpreter that has imported torch already: tests/warm_cli.py) in a temporary directory and
+checks the contract of docs/reliability.md:
 
 * bad input -> the documented exit code, the last line of stderr is one sentence
   ``tensorpilot <command>: error: ...`` (or argparse's ``<prog>: error: ...``), no traceback;
@@ -19,10 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import warm_cli  # noqa: E402 - tests/warm_cli.py: each command a process forked from a warm interpreter
 
 # a tiny gpt, fp32 and eager so two runs of it are bitwise comparable
 TINY = ["--model.n_layer", "2", "--model.d_model", "64", "--model.n_head", "2", "--model.seq_len", "32",
@@ -44,9 +48,8 @@ class Result:
 def run(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict | None = None,
         stdin: str | None = None) -> Result:
     """``tensorpilot ARGS`` in a subprocess; a hang fails the test through ``timeout``."""
-    proc = subprocess.run([sys.executable, "-m", "tensorpilot", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, input=stdin,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {})))
+    proc = warm_cli.run(list(args), cwd=cwd, timeout=timeout, input=stdin,
+                        env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {})))
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
