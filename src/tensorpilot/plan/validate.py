@@ -298,7 +298,6 @@ def _layout_setup(row, spec: ModelSpec):
     # a blank dp is what the devices leave: n_gpus / (tp x pp x cp)
     dp = _int(row, "dp", 0) or (n_gpus // (tp * pp * cp) if n_gpus and n_gpus % (tp * pp * cp) == 0 else 1)
     sharding, hybrid = _sharding(row)
-    flags = _flags(row)
     distributed_optimizer = _switch(row, _DISTRIBUTED_OPTIMIZER)
     param_gather = _switch(row, r"overlap param gather")
     if sharding == "none" and not _text(row, "sharding") and (distributed_optimizer or param_gather):
