@@ -96,6 +96,9 @@ class Layout:
     schedule: str = "1f1b"           # pipeline schedule: 1f1b | gpipe | interleaved
     virtual_stages: int = 1          # model chunks per stage (interleaved schedule)
     recompute: str = "none"          # activation recomputation: none | selective | full
+    # with recompute "full": the blocks of each model chunk that recompute, the others keep their
+    # activations (Megatron's --recompute-method block --recompute-num-layers); 0 = every block
+    recompute_layers: int = 0
     shard_group: int = 0             # fsdp: ranks a shard group spans (HSDP: a node); 0 = all dp ranks
     cp: int = 1                      # context-parallel ranks: each holds seq_len / cp tokens of every sequence
     # collectives that frameworks can hide behind compute are hidden: TP all-gathers/reduce-scatters
@@ -107,6 +110,11 @@ class Layout:
         object.__setattr__(self, "sharding", canonical_sharding(self.sharding))
         if not isinstance(self.cp, int) or self.cp < 1:
             raise ConfigError(f"cp must be a positive number of ranks, not {self.cp!r}.")
+        if not isinstance(self.recompute_layers, int) or self.recompute_layers < 0:
+            raise ConfigError(f"recompute_layers must be 0 (every block) or a positive block count, "
+                              f"not {self.recompute_layers!r}.")
+        if self.recompute_layers and self.recompute != "full":
+            raise ConfigError(f"recompute_layers applies to full recomputation, not to recompute={self.recompute!r}.")
         if self.shard_group < 0:
             raise ConfigError(f"shard_group must be 0 (all dp ranks) or a positive rank count, not {self.shard_group}.")
 
@@ -155,5 +163,6 @@ class Layout:
             if self.pp > 1 else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
         overlap = " overlap" if self.overlap_comm else ""
+        blocks = f"({self.recompute_layers} blocks/chunk)" if self.recompute_layers else ""
         return (f"tp={self.tp} pp={self.pp} dp={self.dp}{cp} {self.sharding}{extra} mb={self.micro_batch}"
-                f" recompute={self.recompute}{sched}{overlap}")
+                f" recompute={self.recompute}{blocks}{sched}{overlap}")

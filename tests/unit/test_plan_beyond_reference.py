@@ -3,13 +3,15 @@ hybrid sharding and totals -- each against hand arithmetic from the algorithms' 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tensorpilot.errors import ConfigError
 from tensorpilot.hardware import catalog
 from tensorpilot.plan import memory as mem
 from tensorpilot.plan.models import ModelSpec, get_model
-from tensorpilot.plan.predict import Layout, TrainSetup, predict
+from tensorpilot.plan.predict import Layout, TrainSetup, check_layout, predict
 
 
 @pytest.mark.parametrize("label,expected", [
@@ -360,10 +362,20 @@ def test_blank_micro_batch_and_recompute_take_the_fastest_that_fits():
     spec = _spec(row)
     layout, setup = _layout_setup(row, spec)
     acc = catalog.get("h100-sxm")
+    # NeMo's performance recipes recompute only as many blocks as memory needs (their
+    # recompute_layers column): every block count of a chunk (20 of 80 over pp 4) is a candidate
+    options = [predict(spec, acc, replace(layout, micro_batch=mb, recompute=r, recompute_layers=k), setup)
+               for mb in (1, 2, 4, 8, 16, 32) for r in ("none", "selective", "full")
+               for k in (range(21) if r == "full" else [0])]
+    fitting = [p for p in options if p.memory_bytes["total"] <= p.device_memory_bytes]
+    assert fitting and got == pytest.approx(max(p.tokens_per_s_per_device for p in fitting))
+    # another source's blank recompute is none, selective or every block
+    other = _row(micro_batch="", recompute="", sharding="zero1", source="somewhere")
+    layout, setup = _layout_setup(other, spec)
     options = [predict(spec, acc, replace(layout, micro_batch=mb, recompute=r), setup)
                for mb in (1, 2, 4, 8, 16, 32) for r in ("none", "selective", "full")]
     fitting = [p for p in options if p.memory_bytes["total"] <= p.device_memory_bytes]
-    assert fitting and got == pytest.approx(max(p.tokens_per_s_per_device for p in fitting))
+    assert predict_row(other).predicted == pytest.approx(max(p.tokens_per_s_per_device for p in fitting))
 
 
 @pytest.mark.parametrize("notes,expected", [
@@ -903,3 +915,91 @@ def test_measured_gemm_fractions_of_more_parts(key, mamf_tflops, theory_tflops):
     fraction = round(mamf_tflops / theory_tflops, 2)
     assert device_rates(acc, "bf16").matmul_flops_per_s == pytest.approx(
         acc.peak_flops_per_s("bf16") * cal.SUSTAINED_COMPUTE_FRACTION * fraction)
+
+
+# ---------------------------------------------------------------- partial (block) recomputation
+
+def _partial_case():
+    spec = get_model("llama3-70b")
+    layout = Layout(tp=4, pp=4, dp=4, sequence_parallel=True, micro_batch=1, recompute="full", sharding="zero1")
+    return spec, layout, TrainSetup(seq_len=8192, global_batch=64)
+
+
+def test_recomputing_k_blocks_of_a_chunk_interpolates_memory_time_and_flops():
+    from dataclasses import replace
+
+    from tensorpilot.plan.flops import recompute_flops, train_flops
+
+    spec, full, setup = _partial_case()
+    acc = catalog.get("h100-sxm")
+    none = predict(spec, acc, replace(full, recompute="none"), setup)
+    every = predict(spec, acc, full, setup)
+    part = predict(spec, acc, replace(full, recompute_layers=5), setup)      # 5 of a stage's 20 blocks
+    share = 5 / 20
+    # stored activations: a quarter of the blocks keep only their input, the rest everything;
+    # the working set (one block rebuilt) is the full-recompute one
+    kw = dict(seq_len=8192, micro_batch=1, tp=4, sequence_parallel=True, act_bytes=2)
+    per_full = mem.layer_activation_bytes(spec, recompute="full", **kw)
+    per_none = mem.layer_activation_bytes(spec, recompute="none", **kw)
+    in_flight = 4                                            # 1F1B: pp micro-batches on the first stage
+    expected = every.memory_bytes["activations"] + (1 - share) * 20 * in_flight * (per_none - per_full)
+    assert part.memory_bytes["activations"] == pytest.approx(expected)
+    # the recomputed forward and its two extra TP collectives: a quarter of full's
+    for key in ("compute", "tp_comm", "memory_bound"):
+        assert part.time_breakdown_s[key] == pytest.approx(
+            none.time_breakdown_s[key] + share * (every.time_breakdown_s[key] - none.time_breakdown_s[key]))
+    assert none.step_time_s < part.step_time_s < every.step_time_s
+    hw = train_flops(spec, 64, 8192) + share * recompute_flops(spec, 64, 8192, "full")
+    assert part.hardware_flops_per_step == pytest.approx(hw)
+
+
+def test_least_recompute_is_the_fewest_blocks_that_fit():
+    from dataclasses import replace
+
+    from tensorpilot.plan.predict import least_recompute
+
+    spec, full, setup = _partial_case()
+    acc = catalog.get("a100-sxm4-80gb")
+    fits = [predict(spec, acc, replace(full, recompute_layers=k), setup).fits for k in range(1, 21)]
+    assert not all(fits) and any(fits)                       # a case where the count matters
+    k = fits.index(True) + 1                                 # memory falls with k: the first that fits
+    plan = least_recompute(spec, acc, full, setup)
+    assert plan.fits and plan.layout_detail.recompute_layers == k % 20
+    # nothing fits: every block, reported as not fitting
+    big = TrainSetup(seq_len=8192, global_batch=64 * 16)
+    assert not least_recompute(spec, acc, replace(full, micro_batch=16), big).fits
+
+
+def test_recompute_layers_must_be_a_full_recompute_of_at_most_a_chunk():
+    spec, full, setup = _partial_case()
+    with pytest.raises(ConfigError, match="applies to full recomputation"):
+        Layout(recompute="selective", recompute_layers=2)
+    with pytest.raises(ConfigError, match="exceeds the 20 blocks"):
+        check_layout(spec, Layout(tp=4, pp=4, dp=4, recompute="full", recompute_layers=21), setup)
+
+
+def test_plan_cli_recompute_layers(capsys):
+    from tensorpilot.cli import main
+
+    assert main(["plan", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "4", "--pp", "4",
+                 "--recompute", "full", "--recompute-layers", "5", "--seq-len", "8192", "--global-batch", "64",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layout_detail"]["recompute_layers"] == 5
+    assert main(["plan", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64",
+                 "--recompute-layers", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--recompute-layers needs --recompute full" in err and "Traceback" not in err
+
+
+def test_a_total_of_step_times_has_no_goodput_loss():
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.validate import predict_row
+
+    speed = dict(recompute="full", sharding="zero1", micro_batch="1")
+    per_gpu = predict_row(_row(**speed)).predicted                       # tokens/s/GPU
+    tokens = 1e12
+    wall = _row(**speed, metric="time_to_train", unit="s", value="1", tokens=str(tokens))
+    steps = dict(wall, flops_convention="training_time = sum of per-step durations (excludes eval/startup)")
+    assert predict_row(steps).predicted == pytest.approx(tokens / (per_gpu * 64))
+    assert predict_row(wall).predicted == pytest.approx(tokens / (per_gpu * 64) / cal.GOODPUT)

@@ -68,6 +68,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="Activation recomputation: selective = the attention core (Megatron), op = every "
                         "second matmul and all elementwise ops (torchtitan's op-level SAC), full = every "
                         "block (default: none).")
+    h.add_argument("--recompute-layers", type=int, default=None, metavar="K",
+                   help="With --recompute full: recompute only K blocks of each model chunk, the others keep "
+                        "their activations (Megatron --recompute-method block --recompute-num-layers K; "
+                        "default: every block). --search picks the fewest that fit.")
     h.add_argument("--overlap-comm", action="store_true",
                    help="The framework hides TP collectives inside the GEMMs and the ZeRO weight all-gather "
                         "behind the next forward (Megatron --tp-comm-overlap --overlap-param-gather, "
@@ -146,7 +150,8 @@ def _int_limits() -> dict[str, int]:
     from tensorpilot.plan.limits import MAX_DEVICES, MAX_SEQ_LEN, MAX_SEQUENCES
 
     return {"gpus": MAX_DEVICES, "tp": MAX_DEVICES, "pp": MAX_DEVICES, "dp": MAX_DEVICES, "cp": MAX_DEVICES,
-            "micro_batch": MAX_SEQUENCES, "virtual_stages": MAX_DEVICES, "seq_len": MAX_SEQ_LEN,
+            "micro_batch": MAX_SEQUENCES, "virtual_stages": MAX_DEVICES, "recompute_layers": MAX_DEVICES,
+            "seq_len": MAX_SEQ_LEN,
             "global_batch": MAX_SEQUENCES, "top": MAX_SEQUENCES, "batch": MAX_SEQUENCES, "context": MAX_SEQ_LEN}
 
 
@@ -174,6 +179,9 @@ def _check_options(args) -> None:
                              ("--inference", args.inference)) if on]
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} cannot be combined; pass one of them.")
+    if args.recompute_layers is not None and args.recompute != "full":
+        raise UsageError("--recompute-layers needs --recompute full (it says how many blocks of each model chunk "
+                         "recompute).")
     if args.virtual_stages > 1 and args.schedule != "interleaved":
         raise UsageError("--virtual-stages needs --schedule interleaved (only that schedule splits a stage "
                          "into chunks).")
@@ -269,6 +277,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     layout = Layout(tp=args.tp, pp=args.pp, dp=dp, sharding="fsdp" if hybrid else args.sharding,
                     sequence_parallel=args.sequence_parallel, micro_batch=args.micro_batch, schedule=args.schedule,
                     virtual_stages=args.virtual_stages, recompute=args.recompute,
+                    recompute_layers=args.recompute_layers or 0,
                     shard_group=max(1, cal.GPUS_PER_NODE // args.tp) if hybrid else 0, cp=args.cp,
                     overlap_comm=args.overlap_comm)
     setup = _setup(args, spec, dp)
@@ -371,7 +380,7 @@ def _cmd_search(args, spec, acc, gpus: int) -> int:
         lo = p.layout_detail
         sched = f" {lo.schedule}" + (f"/{lo.virtual_stages}" if lo.virtual_stages > 1 else "") if lo.pp > 1 else ""
         tab.add_row(str(n), f"{lo.tp}/{lo.pp}/{lo.dp}", lo.sharding + (" sp" if lo.sequence_parallel else ""),
-                    str(lo.micro_batch), lo.recompute + sched, f"{p.step_time_s:,.3f}",
+                    str(lo.micro_batch), lo.recompute + (f"({lo.recompute_layers})" if lo.recompute_layers else "") + sched, f"{p.step_time_s:,.3f}",
                     f"{p.tokens_per_s_per_device:,.0f}", f"{p.mfu:.1%}", f"{p.memory_bytes['total'] / 2**30:,.1f}")
     con.print(tab)
     for line in res.why:

@@ -102,8 +102,10 @@ def train_flops(spec: ModelSpec, batch: int, seq_len: int, attention: str = "ful
     return 3 * forward_flops(spec, batch, seq_len, attention)
 
 
-def recompute_flops(spec: ModelSpec, batch: int, seq_len: int, recompute: str, attention: str = "full") -> int:
-    """Extra forward FLOPs that activation recomputation executes in the backward pass."""
+def recompute_flops(spec: ModelSpec, batch: int, seq_len: int, recompute: str, attention: str = "full",
+                    share: float = 1.0) -> float:
+    """Extra forward FLOPs that activation recomputation executes in the backward pass; ``share``:
+    under full recomputation, the share of blocks that recompute (Megatron's block method)."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, not {recompute!r}")
     if recompute == "none":
@@ -114,13 +116,14 @@ def recompute_flops(spec: ModelSpec, batch: int, seq_len: int, recompute: str, a
     tokens = batch * seq_len
     if recompute == "op":
         return spec.layers * op_recomputed_gemm_flops(spec, tokens)
-    return spec.layers * (sum(g.flops for g in layer_gemms(spec, tokens)) + core)
+    return share * spec.layers * (sum(g.flops for g in layer_gemms(spec, tokens)) + core)
 
 
 def hardware_flops(spec: ModelSpec, batch: int, seq_len: int, recompute: str = "none",
-                   attention: str = "full") -> int:
+                   attention: str = "full", share: float = 1.0) -> float:
     """FLOPs the hardware executes (the numerator of HFU): model FLOPs + recomputation."""
-    return train_flops(spec, batch, seq_len, attention) + recompute_flops(spec, batch, seq_len, recompute, attention)
+    return train_flops(spec, batch, seq_len, attention) + recompute_flops(spec, batch, seq_len, recompute, attention,
+                                                                          share)
 
 
 def model_flops_per_token(spec: ModelSpec, seq_len: int, attention: str = "full") -> float:

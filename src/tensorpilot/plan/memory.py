@@ -271,15 +271,19 @@ def activation_bytes_per_device(spec: ModelSpec, *, seq_len: int, micro_batch: i
                                 tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
                                 recompute: str = "none", attention: str = "flash", act_bytes: float = 2,
                                 schedule: str = "1f1b", virtual_stages: int = 1,
-                                gemm_input_bytes: float = 0) -> dict[str, float]:
+                                gemm_input_bytes: float = 0, recompute_share: float = 1.0) -> dict[str, float]:
     """Activation bytes of the busiest pipeline stage: the stored block activations of all
     in-flight micro-batches, plus the working set of one block being recomputed / differentiated,
     plus the output logits and loss of one micro-batch (on the last stage; with pp = 1 the same
-    device). Returns {"activations": ..., "logits": ...}."""
+    device). ``recompute_share``: under full recomputation, the share of blocks that recompute
+    (the others keep everything, Megatron's block method). Returns {"activations": ..., "logits": ...}."""
     first, middle, _ = stage_layers(spec.layers, pp, virtual_stages if schedule == "interleaved" else 1)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
               attention=attention, act_bytes=act_bytes)
     per_layer = layer_activation_bytes(spec, recompute=recompute, gemm_input_bytes=gemm_input_bytes, **kw)
+    if recompute == "full" and recompute_share < 1:
+        kept = layer_activation_bytes(spec, recompute="none", gemm_input_bytes=gemm_input_bytes, **kw)
+        per_layer = recompute_share * per_layer + (1 - recompute_share) * kept
     in_flight = _in_flight(schedule, pp, n_micro, virtual_stages)
     stored = per_layer * first * in_flight
     if middle > first and schedule != "gpipe":

@@ -13,7 +13,8 @@ so the layout search can call it thousands of times and ``train`` can print pred
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 
 from tensorpilot.errors import ConfigError
 from tensorpilot.hardware.catalog import Accelerator
@@ -28,8 +29,8 @@ from tensorpilot.plan.limits import (MAX_DEVICES, MAX_GRID_G_PER_KWH, MAX_PRICE_
                                      MAX_SEQUENCES, MAX_TOKENS, check_count, check_number)
 from tensorpilot.plan.models import ModelSpec
 
-__all__ = ["InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "hourly_price", "predict",
-           "predict_inference"]
+__all__ = ["InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "hourly_price", "least_recompute",
+           "predict", "predict_inference", "recompute_share"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -204,6 +205,9 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
         raise ConfigError(f"unknown pipeline schedule {lo.schedule!r}; use one of {', '.join(SCHEDULES)}.")
     if lo.recompute not in RECOMPUTE_MODES:
         raise ConfigError(f"unknown recompute {lo.recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}.")
+    if lo.recompute_layers > chunk_layers(spec, lo):
+        raise ConfigError(f"recompute_layers {lo.recompute_layers} exceeds the {chunk_layers(spec, lo)} blocks of a "
+                          "model chunk: pass at most that many (or none, to recompute every block).")
     if lo.cp > 1 and setup.seq_len % (2 * lo.cp):
         raise ConfigError(f"context parallelism splits each sequence into 2 x cp = {2 * lo.cp} load-balanced chunks; "
                           f"seq_len {setup.seq_len} is not a multiple of it.")
@@ -211,6 +215,44 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
         raise ConfigError("sequence parallelism needs tp > 1.")
     if setup.attention not in ("flash", "materialized"):
         raise ConfigError(f"attention must be flash or materialized, not {setup.attention!r}.")
+
+
+def recompute_share(spec: ModelSpec, layout: Layout) -> float:
+    """Share of each model chunk's blocks that run the layout's recomputation: all of them, unless
+    full recomputation names fewer blocks (``recompute_layers``) than a chunk holds."""
+    if layout.recompute != "full" or not layout.recompute_layers:
+        return 1.0
+    return min(1.0, layout.recompute_layers / chunk_layers(spec, layout))
+
+
+def chunk_layers(spec: ModelSpec, layout: Layout) -> int:
+    """Blocks of the fullest model chunk (a stage's share of the layers, over its virtual stages)."""
+    vp = layout.virtual_stages if layout.schedule == "interleaved" else 1
+    return math.ceil(spec.layers / (layout.pp * vp))
+
+
+def least_recompute(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup,
+                    fits: Callable[[Plan], bool] = lambda p: p.fits) -> Plan:
+    """``layout`` under full recomputation of the fewest blocks of each model chunk that fit: the
+    other blocks keep their activations and skip the recomputed forward (Megatron-LM's
+    --recompute-method block --recompute-num-layers k; NeMo's activations_checkpoint_num_layers).
+    Memory falls and time rises with k, so the least k that fits (bisection) is the fastest;
+    the plan of every block recomputed when even that does not fit."""
+    n = chunk_layers(spec, layout)
+    plan_of = lambda k: predict(spec, acc, replace(layout, recompute="full", recompute_layers=k % n),  # noqa: E731
+                                setup, check=False)
+    best = plan_of(n)
+    if not fits(best):
+        return best
+    lo, hi = 0, n                                # fits(hi); k = 0 (no recomputation) is not tried here
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        plan = plan_of(mid)
+        if fits(plan):
+            hi, best = mid, plan
+        else:
+            lo = mid
+    return best
 
 
 def _stage_params(spec: ModelSpec, pp: int, virtual_stages: int = 1) -> float:
@@ -240,6 +282,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     vp = lo.virtual_stages if lo.schedule == "interleaved" else 1
     first, middle, last = mem.stage_layers(spec.layers, lo.pp, vp)
     layers_stage = max(first, middle, last)                     # the fullest stage (memory)
+    share = recompute_share(spec, lo)                           # of the blocks, those that recompute
     seq_local = s.seq_len // lo.cp                              # tokens of each sequence on one rank
     replicas = lo.replicas                                      # ranks reducing gradients together
 
@@ -250,7 +293,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         spec, seq_len=seq_local, micro_batch=lo.micro_batch, n_micro=n_micro, tp=lo.tp, pp=lo.pp,
         sequence_parallel=lo.sequence_parallel, recompute=lo.recompute, attention=s.attention,
         act_bytes=e, schedule=lo.schedule, virtual_stages=lo.virtual_stages,
-        gemm_input_bytes=prec.gemm_input_bytes)
+        gemm_input_bytes=prec.gemm_input_bytes, recompute_share=share)
     layer_param_bytes = spec.layer_params / lo.tp * DTYPE_COMPUTE_BYTES(prec)
     buffers = 0.0
     # fsdp: two gathered blocks (current + prefetch) and one unsharded block grad; under a
@@ -282,14 +325,15 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     op_gemm_s = lt.gemm_fwd_s * op_recomputed_gemm_flops(spec, 1) / sum(g.flops for g in layer_gemms(spec, 1)) \
         if lo.recompute == "op" else 0.0
     recompute_s = {"none": 0.0, "selective": lt.attention_fwd_s, "op": op_gemm_s + lt.elementwise_fwd_s,
-                   "full": lt.forward_s}[lo.recompute]
-    n_tp_coll = 4 + (2 if lo.recompute == "full" else 0)
+                   "full": share * lt.forward_s}[lo.recompute]
+    full = share if lo.recompute == "full" else 0.0             # recomputed forwards a block, on average
+    n_tp_coll = 4 + 2 * full
     tp_comm_s = n_tp_coll * lt.tp_comm_per_collective_s
     if lo.overlap_comm and tp_comm_s:
         # each collective is split into chunks pipelined with the GEMM it feeds (or that feeds
         # it): what the block's GEMMs cannot cover stays exposed, and at least the first chunk of
         # each collective (a tp-th of it) is; the GEMMs it runs beside slow as under any overlap
-        gemm_s = lt.gemm_fwd_s * (3 + (lo.recompute == "full"))
+        gemm_s = lt.gemm_fwd_s * (3 + full)
         tp_comm_s = _exposed(tp_comm_s, gemm_s, lo.tp)
     tokens_micro = seq_local * lo.micro_batch
     # context parallelism: a ring passes every rank's keys and values round the cp group in
@@ -388,8 +432,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         "compute": n_micro * layers_stage * (lt.gemm_fwd_s * 3 + lt.attention_fwd_s + lt.attention_bwd_s
                                              + (recompute_s if lo.recompute == "selective" else 0)
                                              + op_gemm_s
-                                             + (lt.gemm_fwd_s + lt.attention_fwd_s if lo.recompute == "full" else 0)),
-        "memory_bound": n_micro * (layers_stage * lt.elementwise_fwd_s * (3 + (lo.recompute in ("full", "op")))
+                                             + full * (lt.gemm_fwd_s + lt.attention_fwd_s)),
+        "memory_bound": n_micro * (layers_stage * lt.elementwise_fwd_s * (3 + (full or lo.recompute == "op"))
                                    + head_s),
         "tp_comm": n_micro * layers_stage * tp_comm_s,
         "pipeline_bubble": pipe_s - n_micro * stage_micro_s,
@@ -403,7 +447,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # ---- derived
     tokens_step = s.global_batch * s.seq_len
     model_flops = train_flops(spec, s.global_batch, s.seq_len, "full")
-    hw_flops = hardware_flops(spec, s.global_batch, s.seq_len, lo.recompute, "full")
+    hw_flops = hardware_flops(spec, s.global_batch, s.seq_len, lo.recompute, "full", share)
     n_dev = lo.n_devices
     peak = acc.peak_flops_per_s(prec.compute)
     plan_mfu = mfu_of(model_flops / step_s / n_dev, peak)

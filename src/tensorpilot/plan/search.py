@@ -3,8 +3,9 @@
 The space: tp (powers of two inside a node, dividing the heads) x pp (dividing the remaining
 devices, at most the layer count) x dp (the rest, dividing the global batch) x micro-batch
 (powers of two dividing the per-replica batch, up to 16) x sharding (none, zero1, zero2, fsdp)
-x recomputation (none, selective, full) x schedule (1f1b; interleaved with 2 chunks when pp > 1),
-sequence parallelism always on with tp > 1 (it only saves memory and traffic is the same).
+x recomputation (none, selective, full of the fewest blocks a chunk that fit: predict.least_recompute)
+x schedule (1f1b; interleaved with 2 chunks when pp > 1), sequence parallelism always on with
+tp > 1 (it only saves memory and traffic is the same).
 Pruning: recomputation only costs time, so a layout stops at the first recompute mode that fits;
 a predict() costs ~0.1 ms, so even 405B on 16,384 devices (~2,000 candidates) answers in well
 under a second.
@@ -24,7 +25,8 @@ from tensorpilot.plan import memory as mem
 from tensorpilot.plan.flops import model_flops_per_token
 from tensorpilot.plan.limits import MAX_DEVICES, check_count
 from tensorpilot.plan.models import ModelSpec
-from tensorpilot.plan.predict import Layout, Plan, TrainSetup, check_layout, hourly_price, predict
+from tensorpilot.plan.predict import (Layout, Plan, TrainSetup, check_layout, hourly_price, least_recompute,
+                                      predict)
 
 __all__ = ["SearchResult", "candidate_layouts", "cheapest_for_deadline", "divisors", "explain_winner",
            "parse_duration_s", "prime_factors", "search"]
@@ -137,7 +139,9 @@ def search(spec: ModelSpec, acc: Accelerator, n_devices: int, setup: TrainSetup,
             except ConfigError:
                 result.invalid += 1
                 break
-            plan = predict(spec, acc, layout, setup, check=False)
+            # full recomputation of the fewest blocks that fit (the rest keep their activations)
+            plan = least_recompute(spec, acc, layout, setup) if rec == "full" else \
+                predict(spec, acc, layout, setup, check=False)
             if plan.fits:
                 plans.append(plan)
                 fitted = True

@@ -21,10 +21,13 @@ How a row becomes a prediction, with every rule stated (none is per row):
   'fp16 mixed' -> half weights + fp32 master (Megatron, DeepSpeed); 'amp' / HF 'mixed adamw' ->
   torch.autocast; 'bf16' (torchtitan FSDP2 mixed precision) -> autocast-like; 'fp8' -> fp8
   GEMMs; 'fsdp(dp)', 'fully sharded', 'zero-3' -> fsdp; 'hsdp' -> fsdp within a node.
-- totals (gpu_hours, time_to_train, energy) need the row's training ``tokens``; a blank dp is
+- totals (gpu_hours, time_to_train, energy) need the row's training ``tokens`` and include the
+  goodput (calibration.GOODPUT) unless the notes say the time adds up training steps only; a blank dp is
   n_gpus / (tp x pp x cp); context parallelism is read from 'cp=N' in flops_convention.
 - units: GB = 1e9 bytes (papers' arithmetic); MB = MiB, 2^20 bytes (what nvidia-smi, PyTorch
   and accelerate print under that name); GiB = 2^30; % for MFU; GPU-hours, s/min/h/days, kWh/MWh.
+- a blank recompute in a stated layout: the fastest that fits (none, selective, full; NeMo's and
+  Megatron-Bridge's recipes: full recomputation of the fewest blocks that fit).
 - a blank micro_batch is 1; 'interleaved pipeline (N chunks)' in flops_convention selects the
   interleaved schedule; a pipelined row without a global batch has no bubble to predict (speed
   metrics: not modelled; memory: the smallest batch that fills the pipeline).
@@ -336,7 +339,7 @@ def _layout_setup(row, spec: ModelSpec):
                        global_batch=batch, precision=precision, kernels=_kernels(row), fp8_recipe=_fp8_recipe(row),
                        grad_dtype=_grad_dtype(row, precision),
                        optimizer=_optimizer(row), attention=_attention(row),
-                       tokens=tokens if tokens and tokens > 0 else None)
+                       tokens=tokens if tokens and tokens > 0 else None, goodput=_goodput(row))
     return layout, setup
 
 
@@ -363,6 +366,19 @@ def _attention(row) -> str:
         return "materialized"
     flash = _switch(row, _FUSED_ATTENTION) or any(k in _text(row, "source").lower() for k in _FLASH_SOURCES)
     return "flash" if flash else "materialized"
+
+
+# a total whose notes say it adds up training steps only ("sum of per-step durations", "iteration
+# time x iterations x GPUs", "excludes eval/startup"): no restarts or stalls in it
+_STEPS_ONLY = re.compile(r"sum of (the )?(per[- ])?step|excl\w* (eval|start|restart|failure|checkpoint)|"
+                         r"iteration time x (the )?(number of )?iterations|step time x (the )?(number of )?steps")
+
+
+def _goodput(row) -> float:
+    """The share of wall-clock that trained, for totals: 1 where the published time adds up
+    training steps only (_STEPS_ONLY), calibration.GOODPUT (restarts, checkpoint stalls and
+    evaluation included) otherwise."""
+    return 1.0 if _STEPS_ONLY.search(_text(row, "flops_convention").lower()) else cal.GOODPUT
 
 
 def _switch(row, pattern: str) -> bool | None:
@@ -467,14 +483,16 @@ def flop_convention(row) -> tuple[str, bool]:
 def _counted_flops(row, spec: ModelSpec, params_b: float | None, plan, setup) -> float:
     """The step's FLOPs as the row's figure counts them (flop_convention)."""
     from tensorpilot.plan.flops import recompute_flops, train_flops
+    from tensorpilot.plan.predict import recompute_share
 
     attention, counted = flop_convention(row)
     batch, seq = setup.global_batch, setup.seq_len
     recompute = plan.layout_detail.recompute if counted else "none"
+    share = recompute_share(spec, plan.layout_detail)
     if attention == "none":          # 6 N per token (+ 2 N for a recomputed forward)
         n = params_b * 1e9 if params_b else spec.n_params
-        return (6 + 2 * (recompute == "full")) * n * batch * seq
-    return train_flops(spec, batch, seq, attention) + recompute_flops(spec, batch, seq, recompute, attention)
+        return (6 + 2 * share * (recompute == "full")) * n * batch * seq
+    return train_flops(spec, batch, seq, attention) + recompute_flops(spec, batch, seq, recompute, attention, share)
 
 
 # ------------------------------------------------------------------------------ predictions
@@ -527,12 +545,15 @@ def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
     """A stated layout whose micro-batch, recomputation or sequence parallelism the row leaves
     blank: the fastest completion that fits (runs were tuned). Micro-batches are the divisors of
     the per-replica batch (no accumulation, when it fits, is what frameworks do by default; a
-    pipeline wants many small ones); recomputation none, selective or full; sequence parallelism
-    off or on where the notes say it is not stated. None fits: the first, which the row then
-    reports as not fitting."""
+    pipeline wants many small ones); recomputation none, selective or full -- for NeMo's and
+    Megatron-Bridge's performance recipes full of the fewest blocks a chunk that fit
+    (predict.least_recompute), as their recommended configs set it (NeMo scripts/performance/
+    recommended_model_configs: recompute_layers, activation_offload_layers; 0 for most layouts);
+    sequence parallelism off or on where the notes say it is not stated. None fits: the first,
+    which the row then reports as not fitting."""
     from dataclasses import replace
 
-    from tensorpilot.plan.predict import predict
+    from tensorpilot.plan.predict import least_recompute, predict
 
     per_replica = setup.global_batch // layout.dp
     mbs = [layout.micro_batch] if _text(row, "micro_batch") else \
@@ -543,12 +564,22 @@ def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
     chunks = [layout.virtual_stages]
     if layout.schedule == "interleaved" and _unstated_chunks(row):
         chunks = list(range(2, spec.layers // layout.pp + 1)) or [1]
-    plans = [predict(spec, acc, replace(layout, micro_batch=mb, recompute=rec, virtual_stages=v, sequence_parallel=sp,
-                                        schedule=layout.schedule if v > 1 else "1f1b"), setup)
-             for mb in mbs for rec in recs for v in chunks for sp in sps]
     # the run happened, so it fitted the device: the planner's safety margin (kept free for what
     # no model predicts) is advice for new plans, not a bound on a published one
-    fitting = [p for p in plans if p.memory_bytes["total"] <= p.device_memory_bytes]
+    def fits(p) -> bool:
+        return p.memory_bytes["total"] <= p.device_memory_bytes
+
+    partial = not _text(row, "recompute") and any(k in _text(row, "source").lower() for k in _MEGATRON_RECIPE_SOURCES)
+
+    def plan_of(mb, rec, v, sp):
+        lo = replace(layout, micro_batch=mb, recompute=rec, virtual_stages=v, sequence_parallel=sp,
+                     schedule=layout.schedule if v > 1 else "1f1b")
+        if rec == "full" and partial:
+            return least_recompute(spec, acc, lo, setup, fits)
+        return predict(spec, acc, lo, setup)
+
+    plans = [plan_of(mb, rec, v, sp) for mb in mbs for rec in recs for v in chunks for sp in sps]
+    fitting = [p for p in plans if fits(p)]
     return min(fitting, key=lambda p: p.step_time_s) if fitting else plans[0]
 
 
