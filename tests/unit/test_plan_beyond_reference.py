@@ -233,7 +233,8 @@ def test_a_stage_a_block_short_paces_the_pipeline_by_hand():
     lt = tm.layer_times(spec, rates, seq_len=4096, micro_batch=1, tp=1,
                         sequence_parallel=False, attention="flash", e=2)
     layer = lt.forward_s + lt.backward_s
-    head = 3 * tm.gemm_time_s(4096, spec.hidden, spec.vocab, rates, 2) + 4096 * spec.vocab * 24 / rates.mem_bytes_per_s
+    head = tm.gemm_time_s(4096, spec.hidden, spec.vocab, rates, 2) \
+        + tm.backward_gemms_time_s(4096, spec.hidden, spec.vocab, rates, 2) + 4096 * spec.vocab * 24 / rates.mem_bytes_per_s
     assert head > layer                                       # a 128k vocabulary: the head weighs more
     n_micro = 16
     assert plan.time_breakdown_s["compute"] + plan.time_breakdown_s["memory_bound"] \
@@ -480,7 +481,7 @@ def test_batched_attention_products_pay_the_kernel_floor_once():
     # BERT-large at seq 128, micro-batch 64: 64 x 16 heads of (128, 64) @ (64, 128) in one bmm
     heads = 64 * 16
     one = tm.gemm_time_s(128, 64, 128, rates, 2, heads)
-    compute = heads * 2 * 128 * 64 * 128 / (rates.matmul_flops_per_s * 64 / (64 + cal.GEMM_HALF_SATURATION_DIM))
+    compute = heads * 2 * 128 * 64 * 128 / (rates.matmul_flops_per_s * 64 / (64 + rates.gemm_half_depth))
     traffic = heads * 2 * (128 * 64 + 64 * 128 + 128 * 128) / rates.mem_bytes_per_s
     assert one == pytest.approx(max(compute, traffic, cal.KERNEL_FLOOR_S))
     assert one < heads * cal.KERNEL_FLOOR_S / 10           # not a floor per head
@@ -667,23 +668,29 @@ def test_blackwell_gemms_run_at_openxlas_measured_rate():
     assert device_rates(b200, "fp8").matmul_flops_per_s == pytest.approx(2765e12 * cal.SUSTAINED_COMPUTE_FRACTION, rel=0.01)
 
 
-def test_fp8_gemms_need_twice_the_size_to_saturate():
-    """A tile's fixed costs take the same time at any rate: at fp8's doubled rate a GEMM's
-    half-saturation size doubles (efficiency d / (d + 2 x 64) against bf16's d / (d + 64))."""
-    from dataclasses import replace
-
-    from tensorpilot.plan import calibration as cal
+def test_a_gemm_saturates_with_its_reduction_depth_at_the_machine_balance():
+    """Efficiency k / (k + K_half), K_half = 0.5 x peak / HBM bandwidth of the compute dtype: H100
+    bf16 989.4 TFLOP/s over 3.35 TB/s -> 147.7; fp8 doubles it; A100's 312 over 2.039 TB/s -> 76.5.
+    OpenXLA's sm_90 table: (2 x 4096, 4096) x (k, 4096) runs 0.57 / 0.75 / 0.86 / 0.94 / 1.0 of its
+    largest rate at k = 256 ... 4096; k / (k + 148): 0.63 / 0.78 / 0.87 / 0.93 / 0.97."""
     from tensorpilot.plan.predict import device_rates
-    from tensorpilot.plan.timing import gemm_time_s
+    from tensorpilot.plan.timing import backward_gemms_time_s, gemm_time_s
 
-    h100, v100 = catalog.get("h100-sxm"), catalog.get("v100-sxm2-32gb")
-    assert device_rates(h100, "bf16").tile_rate_scale == 1.0
-    assert device_rates(h100, "fp8").tile_rate_scale == pytest.approx(1979 / 989.4, rel=1e-3)
-    assert device_rates(v100, "fp16").tile_rate_scale == 1.0          # no bf16 peak: fp16 is the 16-bit one
-    rates = replace(device_rates(h100, "bf16"), tile_rate_scale=2.0)
-    d = 4096                                                             # compute bound: 2 d^3 FLOPs, 0.2 ms
-    half = cal.GEMM_HALF_SATURATION_DIM
-    assert gemm_time_s(d, d, d, rates, 1) == pytest.approx(2 * d**3 / (rates.matmul_flops_per_s * d / (d + 2 * half)))
+    h100, a100 = catalog.get("h100-sxm"), catalog.get("a100-sxm4-80gb")
+    assert device_rates(h100, "bf16").gemm_half_depth == pytest.approx(0.5 * 989.4e12 / 3.35e12, rel=1e-3)
+    assert device_rates(h100, "fp8").gemm_half_depth == pytest.approx(0.5 * 1979e12 / 3.35e12, rel=1e-3)
+    assert device_rates(a100, "bf16").gemm_half_depth == pytest.approx(0.5 * 312e12 / 2.039e12, rel=1e-2)
+    rates = device_rates(h100, "bf16")
+    half, rate = rates.gemm_half_depth, rates.matmul_flops_per_s
+    m, n = 8192, 4096
+    for k in (256, 1024, 4096):                       # compute-bound at these shapes: 2 m n k / (rate x eff)
+        assert gemm_time_s(m, k, n, rates, 2) == pytest.approx(2 * m * n * k / (rate * k / (k + half)))
+    # a shallow GEMM is slower per FLOP than a wide-but-deep one of the same work
+    assert gemm_time_s(m, 512, 8 * n, rates, 2) > gemm_time_s(m, 8 * 512, n, rates, 2)
+    # backward of (m, k) @ (k, n): input gradient of depth n, weight gradient of depth m
+    k = 1024
+    assert backward_gemms_time_s(m, k, n, rates, 2) == pytest.approx(
+        2 * m * n * k / (rate * n / (n + half)) + 2 * m * n * k / (rate * m / (m + half)))
 
 
 @pytest.mark.parametrize("precision,source,expected", [

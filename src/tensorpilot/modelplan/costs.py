@@ -63,7 +63,8 @@ class DeviceCosts:
     async_host: bool = False                       # kernels run while the host queues the next (GPU)
     attention_flops_per_s: dict[str, float] = field(default_factory=dict)
     measured_s: dict[str, float] = field(default_factory=dict)     # signature -> seconds
-    gemm_half_dim: float = 0.0                     # catalog: size efficiency e / (e + half)
+    # catalog: dtype key -> reduction depth of half the large-GEMM rate (efficiency k / (k + half))
+    gemm_half_depth: dict[str, float] = field(default_factory=dict)
     measured_cold_s: dict[str, float] = field(default_factory=dict)   # signature -> seconds, operands in memory
     cache_bytes: float = 0.0                       # traffic after which an operand has left the caches
 
@@ -97,18 +98,21 @@ class DeviceCosts:
         table = self.attention_flops_per_s if op.op_class == ATTENTION and self.attention_flops_per_s \
             else self.compute_flops_per_s
         rate = table.get(key) or table.get("fp32") or 1.0
-        if self.gemm_half_dim and op.op_class != ATTENTION:
-            smallest = _smallest_dim(op)
-            rate *= smallest / (smallest + self.gemm_half_dim)
+        half = self.gemm_half_depth.get(key) or self.gemm_half_depth.get("fp32")
+        if half and op.op_class != ATTENTION:
+            depth = _reduction_depth(op)
+            rate *= depth / (depth + half)
         return max(op.flops / rate, memory) + self.op_overhead_s
 
 
-def _smallest_dim(op: OpRecord) -> float:
-    """Smallest matrix dimension of a GEMM-like op (M, K or N), from its operands' last two dims."""
-    if op.replay is None:
-        return 1e9
-    dims = [d for t in _flat_specs(op.replay[1]) for d in t.shape[-2:] if len(t.shape) >= 2]
-    return float(min(dims)) if dims else 1e9
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "": 4}
+
+
+def _reduction_depth(op: OpRecord) -> float:
+    """Reduction depth K of a GEMM-like op (matmul, convolution, their backward): its FLOPs
+    (2 x outputs x K) over twice the elements it writes; large where the op writes nothing."""
+    outputs = op.bytes_written / _ITEMSIZE.get(op.dtype, 4)
+    return op.flops / (2 * outputs) if outputs > 0 and op.flops > 0 else 1e9
 
 
 def _flat_specs(args: Any) -> list[TensorSpec]:
@@ -125,16 +129,17 @@ def catalog_costs(acc: Any) -> DeviceCosts:
     from tensorpilot.plan import calibration as cal
 
     sustained = cal.SUSTAINED_COMPUTE_FRACTION
-    compute, attention = {}, {}
+    compute, attention, half = {}, {}, {}
     for key in ("fp32", "tf32", "bf16", "fp16"):
         peak = acc.peak_flops_per_s(key)
         if peak:
             compute[key] = peak * sustained * cal.mamf_fraction(cal.calibration_key(acc), key)
             attention[key] = peak * sustained * cal.flash_attention_fraction(cal.calibration_key(acc))
+            half[key] = cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s)
     bw = (acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.MEMORY_BW_FRACTION
     return DeviceCosts(acc.key, False, compute, [(1.0, bw)], op_overhead_s=cal.KERNEL_FLOOR_S, view_overhead_s=0.0,
                        host_per_op_s=CATALOG_HOST_PER_OP_S, async_host=True, attention_flops_per_s=attention,
-                       gemm_half_dim=cal.GEMM_HALF_SATURATION_DIM)
+                       gemm_half_depth=half)
 
 
 # ---------------------------------------------------------------------------- this machine

@@ -51,13 +51,20 @@ FP8_RECIPES = ("te", "torchao")
 # the range's low end, taken. Checked afterwards on a blind set (benchmarks/RESULTS.md, holdout11).
 SUSTAINED_COMPUTE_FRACTION = 0.85
 
-# Half-saturation size of a GEMM's smallest dimension: efficiency = e / (e + N_HALF). Tiles are
-# 128 x 128 (x 32-64 deep); a dimension comparable to one tile leaves tensor cores idle on padding
-# and wave tails, a dimension of thousands does not (8192 -> 0.99, 1024 -> 0.94, 128 -> 0.67).
-# This is the size at the 16-bit tensor-core rate: a tile's fixed costs (prologue, epilogue, tail)
-# take the same time at any rate, so at fp8's doubled rate they weigh as much as twice the work
-# and the half-saturation size doubles (DeviceRates.tile_rate_scale).
-GEMM_HALF_SATURATION_DIM = 64
+# A GEMM's efficiency by its reduction depth K: k / (k + K_half). Each output tile pays fixed costs
+# (pipeline fill, epilogue: writing the tile) beside a main loop that grows with K, so a shallow
+# GEMM runs far below the large-GEMM rate however many tiles it has; its width (M, N) matters
+# little once the tiles fill the device. The fixed costs are memory time, so in units of K they
+# grow with the device's machine balance (peak FLOP/s of the compute dtype over HBM bytes/s):
+# K_half = GEMM_HALF_DEPTH_PER_BALANCE x balance. Measured: OpenXLA's GEMM cost-model table for
+# sm_90 (tensorflow/tensorflow third_party/xla/xla/service/gpu/model/matmul_interpolator_data.h,
+# commit 372d578b, bf16, 375 shapes b x m x n x k up to 4 x 4096^3): over the 45 shapes with
+# b x m >= 8192 rows and n >= 1024 (a training GEMM's regime), this model at the MAMF rate
+# (0.80 of 989) with the HBM roofline fits K_half 140-160 (median |error| 3.5%; a fixed smallest-
+# dimension half-size of 64 was 8.9% fast): 150 / 295 (H100's 989 TFLOP/s over 3.35 TB/s) = 0.5.
+# H100, K = 1024: 0.87; A100 (balance 153): K_half 77, K = 1024: 0.93; fp8 doubles it. The
+# balance scaling to other devices is the physical argument above, ASSUMED.
+GEMM_HALF_DEPTH_PER_BALANCE = 0.5
 
 # Fused attention (FlashAttention-2 class, causal, head_dim 128), forward + backward, as a fraction
 # of the dense datasheet peak: A100 50-73% (Dao 2023, FlashAttention-2, section 4.1) -> 0.60;
@@ -162,6 +169,12 @@ def mamf_fraction(catalog_key: str | None, dtype: str = "bf16", fp8_recipe: str 
     if dtype == "fp8" and (catalog_key or "") in table:
         return table[catalog_key]
     return MAMF_FRACTION.get(catalog_key or "", DEFAULT_MAMF_FRACTION)
+
+
+def gemm_half_depth(peak_flops_per_s: float, mem_bw_gb_per_s: float | None) -> float:
+    """Reduction depth at which a GEMM runs at half its large-GEMM rate on a device whose compute
+    dtype peaks at ``peak_flops_per_s`` beside ``mem_bw_gb_per_s`` of HBM (GEMM_HALF_DEPTH_PER_BALANCE)."""
+    return GEMM_HALF_DEPTH_PER_BALANCE * peak_flops_per_s / ((mem_bw_gb_per_s or 1000) * 1e9)
 
 
 def flash_attention_fraction(catalog_key: str | None) -> float:

@@ -117,7 +117,7 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
                               mem_bytes_per_s=half.mem_bytes_per_s, link_bytes_per_s=half.link_bytes_per_s,
                               internode_bytes_per_s=half.internode_bytes_per_s,
                               attention_flops_per_s=half.attention_flops_per_s, gpus_per_node=half.gpus_per_node,
-                              tile_rate_scale=_tile_rate_scale(acc, peak))
+                              gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s))
     link = (acc.link_gb_per_s or 32) * 1e9 / 2 * cal.LINK_BW_FRACTION          # both directions -> one
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
@@ -126,15 +126,7 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
                           link_bytes_per_s=link, internode_bytes_per_s=net,
                           attention_flops_per_s=sustained * cal.flash_attention_fraction(cal.calibration_key(acc)),
                           gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE,
-                          tile_rate_scale=_tile_rate_scale(acc, peak))
-
-
-def _tile_rate_scale(acc: Accelerator, peak: float) -> float:
-    """The compute dtype's peak over the 16-bit one: a GEMM tile's fixed costs (prologue, epilogue,
-    wave tail) take the same time at any rate, so at twice the rate (fp8) they weigh as much as
-    twice the work and a GEMM needs twice the size to saturate (timing.gemm_time_s)."""
-    half = acc.peak_flops_per_s("bf16") or acc.peak_flops_per_s("fp16")
-    return peak / half if half else 1.0
+                          gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s))
 
 
 def _exposed(comm_s: float, compute_s: float, blocks: int) -> float:
@@ -333,7 +325,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         # each collective is split into chunks pipelined with the GEMM it feeds (or that feeds
         # it): what the block's GEMMs cannot cover stays exposed, and at least the first chunk of
         # each collective (a tp-th of it) is; the GEMMs it runs beside slow as under any overlap
-        gemm_s = lt.gemm_fwd_s * (3 + full)
+        gemm_s = lt.gemm_fwd_s * (1 + full) + lt.gemm_bwd_s
         tp_comm_s = _exposed(tp_comm_s, gemm_s, lo.tp)
     tokens_micro = seq_local * lo.micro_batch
     # context parallelism: a ring passes every rank's keys and values round the cp group in
@@ -347,7 +339,9 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         cp_comm_s = max(0.0, ring - lt.attention_fwd_s) + max(0.0, 2 * ring - lt.attention_bwd_s)
     head_s = 0.0
     if spec.lm_head:            # output GEMM (fwd + 2 bwd) + fp32 loss traffic (~6 passes of 4 bytes)
-        head_s = 3 * tm.gemm_time_s(tokens_micro, spec.hidden, math.ceil(spec.vocab / lo.tp), head_rates, e) \
+        vocab = math.ceil(spec.vocab / lo.tp)
+        head_s = tm.gemm_time_s(tokens_micro, spec.hidden, vocab, head_rates, e) \
+            + tm.backward_gemms_time_s(tokens_micro, spec.hidden, vocab, head_rates, e) \
             + tokens_micro * spec.vocab / lo.tp * 24 / rates.mem_bytes_per_s
     # fp8 scaling: every GEMM input is cast to fp8 with its amax (read e, write 1 byte) in forward,
     # the output gradient likewise in backward, and the saved fp8 input transposed for the
@@ -429,7 +423,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     pipe_s = tm.pipeline_time_s(stage_micro_s, lo.pp, n_micro, lo.schedule, lo.virtual_stages)
     step_s = pipe_s + dp_exposed + optimizer_s
     breakdown = {
-        "compute": n_micro * layers_stage * (lt.gemm_fwd_s * 3 + lt.attention_fwd_s + lt.attention_bwd_s
+        "compute": n_micro * layers_stage * (lt.gemm_fwd_s + lt.gemm_bwd_s + lt.attention_fwd_s + lt.attention_bwd_s
                                              + (recompute_s if lo.recompute == "selective" else 0)
                                              + op_gemm_s
                                              + full * (lt.gemm_fwd_s + lt.attention_fwd_s)),

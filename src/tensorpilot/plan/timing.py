@@ -25,8 +25,8 @@ from tensorpilot.plan.models import ModelSpec
 # how the elementwise ops run: fused kernels (hand-written or compiled) or one PyTorch op a kernel
 KERNELS = ("fused", "eager")
 
-__all__ = ["KERNELS", "DeviceRates", "allgather_time_s", "allreduce_time_s", "bubble_fraction", "gemm_time_s",
-           "layer_times", "pipeline_time_s", "reducescatter_time_s", "ring_allreduce_bytes_factor"]
+__all__ = ["KERNELS", "DeviceRates", "allgather_time_s", "allreduce_time_s", "backward_gemms_time_s",
+           "bubble_fraction", "gemm_time_s", "layer_times", "pipeline_time_s", "reducescatter_time_s", "ring_allreduce_bytes_factor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,18 +39,23 @@ class DeviceRates:
     internode_bytes_per_s: float     # scale-out bandwidth per device, one direction
     attention_flops_per_s: float     # fused (flash) attention, forward + backward
     gpus_per_node: int = cal.GPUS_PER_NODE
-    tile_rate_scale: float = 1.0     # compute-dtype peak / 16-bit peak: scales GEMM_HALF_SATURATION_DIM
+    gemm_half_depth: float = 64.0    # reduction depth K at which a GEMM runs at half its large-GEMM rate
 
 
 def gemm_time_s(m: int, k: int, n: int, rates: DeviceRates, elem_bytes: float, batch: float = 1) -> float:
     """``batch`` (m, k) @ (k, n) matmuls in one kernel (a batched GEMM: ``batch`` = 1 is a plain
-    one): roofline with a size-dependent compute efficiency; the kernel floor is paid once."""
+    one): roofline with the efficiency of its reduction depth k (calibration.GEMM_HALF_DEPTH_PER_
+    BALANCE); the kernel floor is paid once."""
     flops = 2 * m * k * n * batch
-    smallest = min(m, k, n)
-    efficiency = smallest / (smallest + cal.GEMM_HALF_SATURATION_DIM * rates.tile_rate_scale)
-    compute = flops / (rates.matmul_flops_per_s * efficiency)
+    compute = flops / (rates.matmul_flops_per_s * k / (k + rates.gemm_half_depth))
     traffic = elem_bytes * (m * k + k * n + m * n) * batch / rates.mem_bytes_per_s
     return max(compute, traffic, cal.KERNEL_FLOOR_S)
+
+
+def backward_gemms_time_s(m: int, k: int, n: int, rates: DeviceRates, elem_bytes: float) -> float:
+    """The two backward GEMMs of an (m, k) @ (k, n) forward: the input gradient (m, n) @ (n, k),
+    depth n, and the weight gradient (k, m) @ (m, n), depth m (the tokens)."""
+    return gemm_time_s(m, n, k, rates, elem_bytes) + gemm_time_s(k, m, n, rates, elem_bytes)
 
 
 # ------------------------------------------------------------------------------ collectives
@@ -97,6 +102,7 @@ class LayerTimes:
     """Seconds for one block, one micro-batch, one device."""
 
     gemm_fwd_s: float
+    gemm_bwd_s: float                # input gradients (depth: the output width) + weight gradients (depth: tokens)
     attention_fwd_s: float
     attention_bwd_s: float
     elementwise_fwd_s: float
@@ -109,7 +115,7 @@ class LayerTimes:
     @property
     def backward_s(self) -> float:
         # every weight GEMM has two backward GEMMs of its size; elementwise traffic doubles
-        return 2 * self.gemm_fwd_s + self.attention_bwd_s + 2 * self.elementwise_fwd_s
+        return self.gemm_bwd_s + self.attention_bwd_s + 2 * self.elementwise_fwd_s
 
 
 def elementwise_bytes_per_token(spec: ModelSpec, *, tp: int, sequence_parallel: bool, e: float,
@@ -167,7 +173,9 @@ def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batc
     chunks load-balanced so each rank gets 1/cp of the causal work)."""
     kv_len = kv_len or seq_len
     tokens = seq_len * micro_batch
-    gemm = sum(gemm_time_s(g.m, g.k, g.n, rates, e) for g in layer_gemms(spec, tokens, tp))
+    gemms = layer_gemms(spec, tokens, tp)
+    gemm = sum(gemm_time_s(g.m, g.k, g.n, rates, e) for g in gemms)
+    gemm_bwd = sum(backward_gemms_time_s(g.m, g.k, g.n, rates, e) for g in gemms)
     if attention == "flash":
         flops = attention_core_flops(spec, micro_batch, kv_len, "causal" if spec.causal else "full") / tp \
             * seq_len / kv_len
@@ -190,7 +198,7 @@ def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batc
     # reduce-scatter + all-gather pair: the same bytes), inside a node
     bw, alpha = group_link(rates, tp, 1)
     comm = allreduce_time_s(tokens * spec.hidden * e, tp, bw, alpha)
-    return LayerTimes(gemm, att_f, att_b, ew, comm)
+    return LayerTimes(gemm, gemm_bwd, att_f, att_b, ew, comm)
 
 
 # ------------------------------------------------------------------------------ pipeline
