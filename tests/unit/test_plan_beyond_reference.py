@@ -614,6 +614,11 @@ def test_eager_kernels_reach_the_step_time_by_hand():
     ("torch.compile not used (PyTorch 1.13)", "pytorch/torchtune README.md", "eager"),
     ("apex fused RMSNorm; torch.compile not used", "InternLM/InternEvo doc/train_performance.md", "fused"),
     ("compiled (torch.compile), not eager", "pytorch/torchtune README.md", "fused"),
+    # Hugging Face's model code or trainer named in the notes, whoever published the run
+    ("DeepSpeed ZeRO-3, HF Llama-2 model with flash attention 2", "FlagOpen/FlagPerf README.md", "eager"),
+    ("swift sft (Hugging Face transformers Trainer + DeepSpeed ZeRO-2)", "modelscope/ms-swift docs", "eager"),
+    ("LlamaForCausalLM under FSDP, torch.compile on", "some lab's blog", "fused"),
+    ("shapes from the HF config.json; Megatron-LM", "some lab's blog", "fused"),     # a config is not code
 ])
 def test_rows_say_whether_they_ran_eagerly(notes, source, expected):
     from tensorpilot.plan.validate import _layout_setup, _spec

@@ -94,6 +94,11 @@ _MEGATRON_RECIPE_SOURCES = ("nemo", "megatron-bridge")
 _EAGER_SOURCES = ("llm-foundry", "mosaicml", "torchtitan", "torchtune", "olmo-core", "fms-fsdp",
                   "foundation-model-stack", "huggingface/transformers", "hf transformers", "huggingface/accelerate",
                   "huggingface/blog", "colossalai", "hpcaitech")
+# the notes name Hugging Face's model code or trainer (transformers' modeling_*.py modules, its
+# Trainer, Accelerate): eager PyTorch modules, whatever repository published the run
+_HF_MODEL_CODE = re.compile(r"\bhf (trainer|transformers|accelerate|model|[\w.-]+ model)\b|"
+                            r"hugging ?face (trainer|transformers|accelerate|model)|\btransformers (trainer|library|"
+                            r"model|v?\d)|modeling_\w+|automodelfor|\w+forcausallm|\w+forsequenceclassification")
 # switches the notes name, read word by word with their negations (_switch): collectives hidden
 # behind compute (Layout.overlap_comm: Megatron's flags, torchtitan's async TP), Megatron's
 # distributed optimizer
@@ -406,7 +411,8 @@ def _flags(row) -> str:
 
 def _kernels(row) -> str:
     """Eager where the notes say so ("eager", "no compile") or a PyTorch-native framework ran
-    without torch.compile; fused otherwise."""
+    without torch.compile (named by the source, or Hugging Face's model code named in the
+    notes); fused otherwise."""
     notes = _text(row, "flops_convention").lower()
     if re.search(r"(?<!not )(?<!non-)(?<!non )\beager\b|\bno (torch\.)?compile|without (torch\.)?compile", notes):
         return "eager"
@@ -416,7 +422,8 @@ def _kernels(row) -> str:
     # torch.compile named, or implied: PyTorch's async TP is an Inductor pass (micro-pipeline TP)
     if "compile" in notes or _switch(row, _ASYNC_TP):
         return "fused"
-    return "eager" if any(k in _text(row, "source").lower() for k in _EAGER_SOURCES) else "fused"
+    eager = any(k in _text(row, "source").lower() for k in _EAGER_SOURCES) or _HF_MODEL_CODE.search(notes)
+    return "eager" if eager else "fused"
 
 
 def _grad_dtype(row, precision: str) -> str | None:
