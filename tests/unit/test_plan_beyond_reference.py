@@ -1015,3 +1015,21 @@ def test_a_total_of_step_times_has_no_goodput_loss():
     steps = dict(wall, flops_convention="training_time = sum of per-step durations (excludes eval/startup)")
     assert predict_row(steps).predicted == pytest.approx(tokens / (per_gpu * 64))
     assert predict_row(wall).predicted == pytest.approx(tokens / (per_gpu * 64) / cal.GOODPUT)
+
+
+def test_a_tpu_slice_is_one_ici_domain():
+    """Google Cloud TPU docs (v5p): one slice of up to 6,144 chips on a 3D ICI torus, 1,200 GB/s
+    bidirectional ICI a chip; between slices the data-center network, 50 Gbit/s a chip. A group
+    inside a slice runs on ICI at any size; a group spanning slices is bounded by the DCN."""
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.predict import device_rates
+    from tensorpilot.plan.timing import group_link
+
+    v5p = catalog.get("tpu-v5p")
+    rates = device_rates(v5p, "bf16")
+    ici = 1200e9 / 2 * cal.LINK_BW_FRACTION
+    assert group_link(rates, 256, 4) == (pytest.approx(ici), cal.ALPHA_INTRA_S)      # fsdp 256 x tp 4
+    bw, _ = group_link(rates, 2, 6144)                                               # dp across two slices
+    assert bw == pytest.approx(50e9 / 8 * cal.INTERNODE_BW_FRACTION)
+    # an H100 node keeps its 8-GPU NVLink domain
+    assert device_rates(catalog.get("h100-sxm"), "bf16").gpus_per_node == 8
