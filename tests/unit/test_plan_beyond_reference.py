@@ -265,10 +265,12 @@ def test_one_all_gather_per_step_by_hand():
     assert plan.time_breakdown_s["dp_comm_exposed"] == pytest.approx(ag + rs, rel=0.02)
 
 
-def test_each_block_s_collective_pays_the_ring_latency():
-    # a tiny model over 256 replicas: its gradient bytes take no time, the ring's 2 (n - 1)
-    # latency steps of each block's all-reduce are the whole of the exposed DP time
+def test_each_block_s_collective_pays_the_collective_latency():
+    # a tiny model over 256 replicas: its gradient bytes take no time, so each block's all-reduce
+    # costs its latency steps -- a tree's 2 log2(256) = 16 rather than a ring's 2 x 255, as NCCL's
+    # tuner picks for small messages over many ranks -- and they are the exposed DP time
     from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.timing import allreduce_time_s
 
     acc = catalog.get("h100-sxm")
     exposed = {}
@@ -276,9 +278,13 @@ def test_each_block_s_collective_pays_the_ring_latency():
         spec = ModelSpec(name="tiny", hidden=64, layers=layers, heads=2, vocab=128, ffn_hidden=256)
         plan = predict(spec, acc, Layout(dp=256, sharding="none", micro_batch=1), TrainSetup(seq_len=64, global_batch=256))
         exposed[layers] = plan.time_breakdown_s["dp_comm_exposed"]
-    for layers, t in exposed.items():
-        assert t == pytest.approx(layers * 2 * 255 * cal.ALPHA_INTER_S, rel=0.15)
+    for layers, t in exposed.items():       # what the tiny backward cannot hide of 16 steps a block
+        assert 0.5 * layers * 16 * cal.ALPHA_INTER_S < t <= layers * 16 * cal.ALPHA_INTER_S
     assert exposed[16] / exposed[4] == pytest.approx(4, rel=0.05)
+    # large buffers stay on the ring: its 2 (n - 1) / n bytes beat the tree's 2
+    bw, alpha = 50e9, 10e-6
+    assert allreduce_time_s(1e9, 8, bw, alpha) == pytest.approx(14 * alpha + 2 * 7 / 8 * 1e9 / bw)
+    assert allreduce_time_s(1e3, 256, bw, alpha) == pytest.approx(16 * alpha + 2 * 1e3 / bw)
 
 
 def test_an_nvlink_rack_keeps_a_64_gpu_group_on_nvlink():

@@ -16,6 +16,8 @@ the bubble to (p - 1) / v slots.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from tensorpilot.plan import calibration as cal
@@ -66,9 +68,14 @@ def ring_allreduce_bytes_factor(n: int) -> float:
 
 
 def allreduce_time_s(nbytes: float, n: int, bw_bytes_per_s: float, alpha_s: float) -> float:
+    """The faster of a ring (2 (n - 1) latency steps) and a tree (2 log2 n steps, each byte sent
+    up and down): NCCL's tuner picks between them by this alpha-beta cost, as XLA does between
+    its algorithms on a torus."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (n - 1) * alpha_s + ring_allreduce_bytes_factor(n) * nbytes / bw_bytes_per_s
+    ring = 2 * (n - 1) * alpha_s + ring_allreduce_bytes_factor(n) * nbytes / bw_bytes_per_s
+    tree = 2 * math.ceil(math.log2(n)) * alpha_s + 2 * nbytes / bw_bytes_per_s
+    return min(ring, tree)
 
 
 def allgather_time_s(nbytes: float, n: int, bw_bytes_per_s: float, alpha_s: float) -> float:
