@@ -1039,3 +1039,20 @@ def test_a_tpu_slice_is_one_ici_domain():
     assert bw == pytest.approx(50e9 / 8 * cal.INTERNODE_BW_FRACTION)
     # an H100 node keeps its 8-GPU NVLink domain
     assert device_rates(catalog.get("h100-sxm"), "bf16").gpus_per_node == 8
+
+
+@pytest.mark.parametrize("notes,expected", [
+    ("GBS 32, MBS 1, seq 4096, TP 1, PP 2, CP 1, VP 20; dp = 16", ("interleaved", 20)),
+    ("layout table: TP=8 PP=8 CP=1 VP=5 MBS=1", ("interleaved", 5)),
+    ("virtual pipeline 4", ("interleaved", 4)),
+    ("interleaved pipeline (3 chunks)", ("interleaved", 3)),
+    ("virtual_pipeline_model_parallel_size: 12", ("interleaved", 12)),
+    ("layout table: TP=8 PP=8 CP=1 VP=NA MBS=1", ("1f1b", 1)),            # none named
+    ("TP 4, PP 4, VP 1", ("1f1b", 1)),
+])
+def test_rows_name_their_virtual_pipeline_stages(notes, expected):
+    from tensorpilot.plan.validate import _layout_setup, _spec
+
+    row = _row(flops_convention=notes, pp="4", dp="4", tp="4")
+    layout = _layout_setup(row, _spec(row))[0]
+    assert (layout.schedule, layout.virtual_stages) == expected

@@ -28,8 +28,8 @@ How a row becomes a prediction, with every rule stated (none is per row):
   and accelerate print under that name); GiB = 2^30; % for MFU; GPU-hours, s/min/h/days, kWh/MWh.
 - a blank recompute in a stated layout: the fastest that fits (none, selective, full; NeMo's and
   Megatron-Bridge's recipes: full recomputation of the fewest blocks that fit).
-- a blank micro_batch is 1; 'interleaved pipeline (N chunks)' in flops_convention selects the
-  interleaved schedule; a pipelined row without a global batch has no bubble to predict (speed
+- a blank micro_batch is 1; 'interleaved pipeline (N chunks)', 'virtual pipeline N', 'VP N' or
+  virtual_pipeline_model_parallel_size N in flops_convention selects the interleaved schedule; a pipelined row without a global batch has no bubble to predict (speed
   metrics: not modelled; memory: the smallest batch that fills the pipeline).
 
 A row the planner cannot model (an unknown label, accelerator or metric, a malformed number, a
@@ -279,6 +279,14 @@ def _optimizer(row) -> str:
     return _OPTIMIZERS[label]
 
 
+# model chunks a pipeline stage holds, as the notes write them: "interleaved pipeline (4 chunks)",
+# "virtual pipeline 20", NeMo's and Megatron-Bridge's tables' "VP 10" / "VP=5", the config key
+# virtual_pipeline_model_parallel_size; "VP n/a" names none
+_VIRTUAL_STAGES = re.compile(r"interleaved pipeline \((\d{1,6}) chunks\)|virtual pipeline (?:stages? |size )?[=:]?\s*"
+                             r"(\d{1,6})|\bvp(?:[ _-]?size)?\s*[=:]?\s*(\d{1,6})\b|"
+                             r"virtual[_ ]pipeline[_ ]model[_ ]parallel[_ ]size\s*[=:]?\s*(\d{1,6})")
+
+
 def _layout_setup(row, spec: ModelSpec):
     from tensorpilot.plan.predict import Layout, TrainSetup
 
@@ -290,8 +298,8 @@ def _layout_setup(row, spec: ModelSpec):
         # Llama configs), not Megatron's attention-only recomputation
         rec = "op"
     conv = _text(row, "flops_convention").lower()
-    m = re.search(r"interleaved pipeline \((\d{1,6}) chunks\)|virtual pipeline (?:stages? )?(\d{1,6})", conv)
-    chunks = int(m.group(1) or m.group(2)) if m else 1
+    m = _VIRTUAL_STAGES.search(conv)
+    chunks = int(next(g for g in m.groups() if g)) if m else 1
     # an interleaved schedule whose chunk count the source leaves out: 2 here, _completed_plan
     # tries the others
     interleaved = chunks > 1 or _unstated_chunks(row) and _int(row, "pp", 1) > 1
