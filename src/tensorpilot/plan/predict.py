@@ -231,8 +231,10 @@ def least_recompute(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: Tr
     Memory falls and time rises with k, so the least k that fits (bisection) is the fastest;
     the plan of every block recomputed when even that does not fit."""
     n = chunk_layers(spec, layout)
-    plan_of = lambda k: predict(spec, acc, replace(layout, recompute="full", recompute_layers=k % n),  # noqa: E731
-                                setup, check=False)
+
+    def plan_of(k: int) -> Plan:             # k = n: every block (recompute_layers 0)
+        return predict(spec, acc, replace(layout, recompute="full", recompute_layers=k % n), setup, check=False)
+
     best = plan_of(n)
     if not fits(best):
         return best
