@@ -105,13 +105,11 @@ class DeviceCosts:
         return max(op.flops / rate, memory) + self.op_overhead_s
 
 
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "": 4}
-
-
 def _reduction_depth(op: OpRecord) -> float:
     """Reduction depth K of a GEMM-like op (matmul, convolution, their backward): its FLOPs
     (2 x outputs x K) over twice the elements it writes; large where the op writes nothing."""
-    outputs = op.bytes_written / _ITEMSIZE.get(op.dtype, 4)
+    dtype = getattr(torch, op.dtype, None) if op.dtype else None
+    outputs = op.bytes_written / (dtype.itemsize if isinstance(dtype, torch.dtype) else 4)
     return op.flops / (2 * outputs) if outputs > 0 and op.flops > 0 else 1e9
 
 

@@ -22,15 +22,16 @@ How a row becomes a prediction, with every rule stated (none is per row):
   torch.autocast; 'bf16' (torchtitan FSDP2 mixed precision) -> autocast-like; 'fp8' -> fp8
   GEMMs; 'fsdp(dp)', 'fully sharded', 'zero-3' -> fsdp; 'hsdp' -> fsdp within a node.
 - totals (gpu_hours, time_to_train, energy) need the row's training ``tokens`` and include the
-  goodput (calibration.GOODPUT) unless the notes say the time adds up training steps only; a blank dp is
-  n_gpus / (tp x pp x cp); context parallelism is read from 'cp=N' in flops_convention.
+  goodput (calibration.GOODPUT) unless the notes say the time adds up training steps only; a
+  blank dp is n_gpus / (tp x pp x cp); context parallelism is read from 'cp=N' in flops_convention.
 - units: GB = 1e9 bytes (papers' arithmetic); MB = MiB, 2^20 bytes (what nvidia-smi, PyTorch
   and accelerate print under that name); GiB = 2^30; % for MFU; GPU-hours, s/min/h/days, kWh/MWh.
 - a blank recompute in a stated layout: the fastest that fits (none, selective, full; NeMo's and
   Megatron-Bridge's recipes: full recomputation of the fewest blocks that fit).
 - a blank micro_batch is 1; 'interleaved pipeline (N chunks)', 'virtual pipeline N', 'VP N' or
-  virtual_pipeline_model_parallel_size N in flops_convention selects the interleaved schedule; a pipelined row without a global batch has no bubble to predict (speed
-  metrics: not modelled; memory: the smallest batch that fills the pipeline).
+  virtual_pipeline_model_parallel_size N in flops_convention selects the interleaved schedule; a
+  pipelined row without a global batch has no bubble to predict (speed metrics: not modelled;
+  memory: the smallest batch that fills the pipeline).
 
 A row the planner cannot model (an unknown label, accelerator or metric, a malformed number, a
 size that is zero or negative, a missing column, a layout that cannot run) is reported with its
@@ -319,7 +320,7 @@ def _layout_setup(row, spec: ModelSpec):
     if sharding == "none" and not _text(row, "sharding") and (distributed_optimizer or param_gather):
         # Megatron's --overlap-param-gather exists only with --use-distributed-optimizer (ZeRO-1)
         sharding = "zero1"
-    if any(k in _text(row, "source").lower() for k in _MEGATRON_RECIPE_SOURCES):
+    if _source_names(row, _MEGATRON_RECIPE_SOURCES):
         # NeMo / Megatron-Bridge recipes: Megatron's DDP with the distributed optimizer and
         # sequence parallelism whenever tp > 1 (their llama/gpt recipe defaults), unless the
         # notes switch either off (NeMo's 2022 launcher configs: fused_adam, sequence_parallel False)
@@ -344,7 +345,7 @@ def _layout_setup(row, spec: ModelSpec):
         batch = per * pp
     batch = max(per, round(batch / per) * per)
     precision = _precision(_text(row, "precision"))
-    if precision == "bf16-amp" and any(k in _text(row, "source").lower() for k in _MEGATRON_RECIPE_SOURCES):
+    if precision == "bf16-amp" and _source_names(row, _MEGATRON_RECIPE_SOURCES):
         # Megatron's --bf16 keeps bf16 weights with an fp32 master in the optimizer, not
         # autocast's fp32 weights (a bare "bf16" elsewhere is torchtitan's FSDP2 mixed precision)
         precision = "bf16"
@@ -377,7 +378,7 @@ def _attention(row) -> str:
     notes = _text(row, "flops_convention").lower()
     if _NO_FLASH.search(notes):
         return "materialized"
-    flash = _switch(row, _FUSED_ATTENTION) or any(k in _text(row, "source").lower() for k in _FLASH_SOURCES)
+    flash = _switch(row, _FUSED_ATTENTION) or _source_names(row, _FLASH_SOURCES)
     return "flash" if flash else "materialized"
 
 
@@ -392,6 +393,12 @@ def _goodput(row) -> float:
     training steps only (_STEPS_ONLY), calibration.GOODPUT (restarts, checkpoint stalls and
     evaluation included) otherwise."""
     return 1.0 if _STEPS_ONLY.search(_text(row, "flops_convention").lower()) else cal.GOODPUT
+
+
+def _source_names(row, names) -> bool:
+    """Whether the row's source column names one of ``names`` (lower-case fragments)."""
+    source = _text(row, "source").lower()
+    return any(k in source for k in names)
 
 
 def _switch(row, pattern: str) -> bool | None:
@@ -430,7 +437,7 @@ def _kernels(row) -> str:
     # torch.compile named, or implied: PyTorch's async TP is an Inductor pass (micro-pipeline TP)
     if "compile" in notes or _switch(row, _ASYNC_TP):
         return "fused"
-    eager = any(k in _text(row, "source").lower() for k in _EAGER_SOURCES) or _HF_MODEL_CODE.search(notes)
+    eager = _source_names(row, _EAGER_SOURCES) or _HF_MODEL_CODE.search(notes)
     return "eager" if eager else "fused"
 
 
@@ -445,7 +452,7 @@ def _grad_dtype(row, precision: str) -> str | None:
         return "bf16"
     if re.search(r"grad-sync-dtype(=|:)?fp32|grad-reduce-in-fp32(=|:)?true|accumulate-allreduce-grads-in-fp32", flags):
         return "fp32"
-    if precision in ("bf16", "fp8") and any(k in _text(row, "source").lower() for k in _MEGATRON_RECIPE_SOURCES):
+    if precision in ("bf16", "fp8") and _source_names(row, _MEGATRON_RECIPE_SOURCES):
         return "bf16"
     return None
 
@@ -584,7 +591,7 @@ def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
     def fits(p) -> bool:
         return p.memory_bytes["total"] <= p.device_memory_bytes
 
-    partial = not _text(row, "recompute") and any(k in _text(row, "source").lower() for k in _MEGATRON_RECIPE_SOURCES)
+    partial = not _text(row, "recompute") and _source_names(row, _MEGATRON_RECIPE_SOURCES)
 
     def plan_of(mb, rec, v, sp):
         lo = replace(layout, micro_batch=mb, recompute=rec, virtual_stages=v, sequence_parallel=sp,
