@@ -861,11 +861,47 @@ def test_rows_say_which_dtype_their_gradients_were_reduced_in(precision, notes, 
     ("Transformer Engine on (ENABLE_TE=1), bf16 compute", "NVIDIA/JAX-Toolbox pax README", "materialized"),
     ("gathered _without_ FA (fused cuDNN/TE attention disabled; scores materialised)", "NVIDIA/JAX-Toolbox",
      "materialized"),
+    # first-generation fused kernels, unless a later one is named beside them
+    ("--use-flash-attn (FlashAttention v1.0.4)", "microsoft/Megatron-DeepSpeed", "flash1"),
+    ("MosaicGPT with FlashAttention (attn_impl flash, HazyResearch FA1)", "mosaicml/examples", "flash1"),
+    ("llm-foundry MPT with attn_impl: triton", "mosaicml/llm-foundry", "flash1"),
+    ("-x (xformers memory-efficient attention)", "hpcaitech/ColossalAI", "flash1"),
+    ("xformers SwiGLU, FSDP", "a paper", "materialized"),                  # xformers, but not its attention
+    ("PyTorch 2.0 scaled_dot_product_attention (flash) in model.py", "karpathy/nanoGPT", "flash1"),
+    ("torch 2.1.1, flash_attn 2.3.4", "a repo", "flash"),
+    ("PyTorch 2.4, sdpa", "a repo", "flash"),
+    ("README history 'fa1 -> fa2' rerun", "a repo", "flash"),
+    ("framework: PyTorch 2.0.1a0, fused SDPA on", "Intel-HabanaLabs", "flash"),   # Gaudi's own kernel
 ])
 def test_rows_say_whether_attention_was_fused(notes, source, expected):
     from tensorpilot.plan.validate import _attention
 
-    assert _attention({"flops_convention": notes, "source": source}) == expected
+    gpu = "Gaudi2" if "Habana" in source else "A100-80GB"
+    assert _attention({"flops_convention": notes, "source": source, "gpu": gpu}) == expected
+
+
+def test_first_generation_flash_kernels_take_twice_the_attention_time_and_the_same_memory():
+    """FlashAttention-2's abstract: "around 2x speedup compared to FlashAttention"; both keep the
+    output and its log-sum-exp, not the s x s scores."""
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    spec, rates = get_model("llama2-7b"), device_rates(catalog.get("a100-sxm4-80gb"), "bf16")
+    kw = dict(seq_len=8192, micro_batch=1, tp=1, sequence_parallel=False, e=2)
+    v2, v1 = tm.layer_times(spec, rates, attention="flash", **kw), tm.layer_times(spec, rates, attention="flash1", **kw)
+    # causal core, forward: 2 products of b x a x s^2 / 2 x head_dim multiply-adds
+    flops = 2 * 2 * spec.heads * 8192 * 8192 / 2 * spec.head_dim
+    assert v2.attention_fwd_s == pytest.approx(flops / rates.attention_flops_per_s)
+    assert v1.attention_fwd_s == pytest.approx(v2.attention_fwd_s / cal.FIRST_GEN_FLASH_SPEED)
+    assert v1.attention_bwd_s == pytest.approx(2 * v2.attention_bwd_s)
+    assert (v1.gemm_fwd_s, v1.elementwise_fwd_s) == (v2.gemm_fwd_s, v2.elementwise_fwd_s)
+    setup = TrainSetup(seq_len=8192, global_batch=8, precision="bf16")
+    from dataclasses import replace
+    p1 = predict(spec, catalog.get("a100-sxm4-80gb"), Layout(dp=8), replace(setup, attention="flash1"))
+    p2 = predict(spec, catalog.get("a100-sxm4-80gb"), Layout(dp=8), setup)
+    assert p1.memory_bytes == p2.memory_bytes
+    assert p1.step_time_s > p2.step_time_s
 
 
 def test_a_pipelined_row_without_a_global_batch():

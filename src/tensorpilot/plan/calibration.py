@@ -77,6 +77,11 @@ FLASH_ATTENTION_PEAK_FRACTION: dict[str, float] = {
 DEFAULT_FLASH_ATTENTION_PEAK_FRACTION = 0.50
 # FlashAttention-2's backward runs 5 matmuls to the forward's 2 (it recomputes the scores).
 FLASH_BACKWARD_RATIO = 2.5
+# First-generation fused attention kernels (FlashAttention 1.x, its 2022 Triton port, xformers'
+# cutlass memory-efficient kernel, PyTorch 2.0-2.1's SDPA, which shipped FlashAttention 1) run at
+# this share of the FlashAttention-2 rate: "around 2x speedup compared to FlashAttention" (Dao
+# 2023, FlashAttention-2, abstract; section 4.1 gives 1.7-3.0x over FlashAttention on A100).
+FIRST_GEN_FLASH_SPEED = 0.5
 
 # Shortest time any kernel takes (launch, ramp and tail): ~5 us for eager PyTorch on CUDA.
 KERNEL_FLOOR_S = 5e-6

@@ -89,8 +89,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit"],
                    help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
                         "keep much less, see plan/memory.py)")
-    t.add_argument("--attention", default="flash", choices=["flash", "materialized"],
-                   help="Fused (flash/SDPA) attention or materialised s x s scores (default: flash).")
+    t.add_argument("--attention", default="flash", choices=["flash", "flash1", "materialized"],
+                   help="Fused attention (FlashAttention-2 class: flash-attn 2+, cuDNN, PyTorch 2.2+ SDPA), "
+                        "a first-generation fused kernel at half that speed (flash1: flash-attn 1.x, xformers, "
+                        "PyTorch 2.0-2.1 SDPA) or materialised s x s scores (default: flash).")
     t.add_argument("--kernels", default="fused", choices=["fused", "eager"],
                    help="How norms, activations and rotary embeddings run: fused (torch.compile, Megatron / "
                         "Transformer Engine, XLA) or eager PyTorch, one kernel an op, which moves 2-4x the "

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from tensorpilot.errors import ConfigError
 from tensorpilot.plan import calibration as cal
 from tensorpilot.plan.models import ModelSpec
+from tensorpilot.plan.timing import FUSED_ATTENTION
 
 __all__ = ["DTYPE_BYTES", "GRAD_DTYPES", "OPTIMIZER_STATE_BYTES", "PRECISION_LABELS", "Precision", "activation_bytes_per_device",
            "layer_activation_bytes", "model_state_bytes", "optimizer_state_bytes", "precision",
@@ -224,7 +225,7 @@ def layer_activation_bytes(spec: ModelSpec, *, seq_len: int, micro_batch: int, t
     replicated = 2 * h * e + 2 * h * g + 2 * h * mask
     mlp = (2 if spec.mlp == "swiglu" else 1) * f * e + f * g
     split = (q + kv + kv) * e + q * g + mlp
-    if attention == "flash":
+    if attention in FUSED_ATTENTION:         # the output's log-sum-exp, fp32
         core = 4 * a
     else:
         core = a * seq_len * (e + (mask + e if spec.dropout else 0))

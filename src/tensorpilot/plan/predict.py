@@ -205,8 +205,8 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
                           f"seq_len {setup.seq_len} is not a multiple of it.")
     if lo.sequence_parallel and lo.tp == 1:
         raise ConfigError("sequence parallelism needs tp > 1.")
-    if setup.attention not in ("flash", "materialized"):
-        raise ConfigError(f"attention must be flash or materialized, not {setup.attention!r}.")
+    if setup.attention not in tm.ATTENTION:
+        raise ConfigError(f"attention must be one of {', '.join(tm.ATTENTION)}, not {setup.attention!r}.")
 
 
 def recompute_share(spec: ModelSpec, layout: Layout) -> float:

@@ -2,7 +2,8 @@
 
 Op classes and how each is timed on one device (rates from the catalog x calibration):
 - weight GEMMs: max(FLOPs / (MAMF x size efficiency), bytes / bandwidth, kernel floor);
-- attention core: flash -> FLOPs at the fused-attention rate (backward 2.5x the forward);
+- attention core: flash -> FLOPs at the fused-attention rate (backward 2.5x the forward; first-
+  generation kernels, flash1, at half that rate);
   materialised -> two batched GEMMs per head (memory bound at head_dim 64-128) + softmax/dropout
   traffic over the a x s x s scores;
 - elementwise (norms, residuals, activation, dropout): bytes / bandwidth;
@@ -26,8 +27,12 @@ from tensorpilot.plan.models import ModelSpec
 
 # how the elementwise ops run: fused kernels (hand-written or compiled) or one PyTorch op a kernel
 KERNELS = ("fused", "eager")
+# how the attention core runs: a FlashAttention-2-class fused kernel, a first-generation one
+# (calibration.FIRST_GEN_FLASH_SPEED), or the s x s scores materialised by two batched GEMMs
+ATTENTION = ("flash", "flash1", "materialized")
+FUSED_ATTENTION = ("flash", "flash1")
 
-__all__ = ["KERNELS", "DeviceRates", "allgather_time_s", "allreduce_time_s", "backward_gemms_time_s",
+__all__ = ["ATTENTION", "FUSED_ATTENTION", "KERNELS", "DeviceRates", "allgather_time_s", "allreduce_time_s", "backward_gemms_time_s",
            "bubble_fraction", "gemm_time_s", "layer_times", "pipeline_time_s", "reducescatter_time_s", "ring_allreduce_bytes_factor"]
 
 
@@ -183,10 +188,11 @@ def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batc
     gemms = layer_gemms(spec, tokens, tp)
     gemm = sum(gemm_time_s(g.m, g.k, g.n, rates, e) for g in gemms)
     gemm_bwd = sum(backward_gemms_time_s(g.m, g.k, g.n, rates, e) for g in gemms)
-    if attention == "flash":
+    if attention in FUSED_ATTENTION:
         flops = attention_core_flops(spec, micro_batch, kv_len, "causal" if spec.causal else "full") / tp \
             * seq_len / kv_len
-        att_f = max(flops / rates.attention_flops_per_s, cal.KERNEL_FLOOR_S)
+        rate = rates.attention_flops_per_s * (cal.FIRST_GEN_FLASH_SPEED if attention == "flash1" else 1.0)
+        att_f = max(flops / rate, cal.KERNEL_FLOOR_S)
         att_b = cal.FLASH_BACKWARD_RATIO * att_f
     else:
         # per head: (s, d) @ (d, s) scores and (s, s) @ (s, d) output, b a / t heads per device,

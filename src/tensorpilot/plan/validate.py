@@ -370,14 +370,35 @@ _FUSED_ATTENTION = (r"flash|fmha|fused (multi head )?attention|\bsdpa\b|scaled d
                     r"\bte (fused )?attention|\bnemo\b|megatron core|\bmcore\b")
 
 
+# a FlashAttention-2-or-later kernel named ("FlashAttention 2", "flash_attn 2.3.4", "FA2", "FA3",
+# HF's attn_implementation "flash_attention_2"): it wins over an older one named beside it
+_FLASH_2_OR_LATER = re.compile(r"flash[- ]?att(ention|n)[- _=v]*(version )?[23]\b|\bfa-?[23]\b|flash_attention_2")
+# a first-generation fused kernel (timing.ATTENTION's flash1): FlashAttention 1.x ("FlashAttention
+# v1.0.4", "flash-attn==1.0.4", "FA1"), its 2022 Triton port (llm-foundry's attn_impl triton,
+# Megatron-DeepSpeed's --use-flash-attn-triton), xformers' memory-efficient attention, or PyTorch
+# 2.0-2.1's SDPA on CUDA, which shipped FlashAttention 1 (PyTorch 2.2 moved it to FlashAttention-2)
+_FLASH_1 = re.compile(r"flash[- ]?att(ention|n)[- _=v]*(version )?1(\.\d+)*\b|\bfa-?1\b|attn[- _]impl\W{0,3}triton|"
+                      r"flash[- ]?attn[- ]triton|xformers\W{0,3}(memory[- ]efficient |causal )?attention|"
+                      r"(memory[- ]efficient|causal) attention\W{0,3}\(?xformers|-x \(xformers")
+_TORCH_2_0 = re.compile(r"\b(py)?torch\s*(==|v)?\s*2\.[01]\b")
+_SDPA = re.compile(r"\bsdpa\b|scaled[ _]dot[ _]product[ _]attention")
+
+
 def _attention(row) -> str:
     """flash where the notes name a fused kernel (flash, FMHA, SDPA, Transformer Engine's fused
     attention) or software that runs one (NeMo, Megatron-Core), or the source is such software
-    (_FLASH_SOURCES); materialized where the notes say no flash kernel ran -- that wins over the
-    software's default (NeMo's 2022 launcher predates its flash attention) -- and otherwise."""
+    (_FLASH_SOURCES); flash1 where that kernel is a first-generation one (_FLASH_1, or SDPA under
+    PyTorch 2.0-2.1) and no later one is named; materialized where the notes say no flash kernel
+    ran -- that wins over the software's default (NeMo's 2022 launcher predates its flash
+    attention) -- and otherwise."""
     notes = _text(row, "flops_convention").lower()
     if _NO_FLASH.search(notes):
         return "materialized"
+    if _FLASH_2_OR_LATER.search(notes):
+        return "flash"
+    cuda_sdpa = _SDPA.search(notes) and not re.search(r"gaudi|hpu|tpu|\bmi\d{3}", _text(row, "gpu").lower())
+    if _FLASH_1.search(notes) or (cuda_sdpa and _TORCH_2_0.search(notes)):
+        return "flash1"
     flash = _switch(row, _FUSED_ATTENTION) or _source_names(row, _FLASH_SOURCES)
     return "flash" if flash else "materialized"
 
