@@ -1092,3 +1092,19 @@ def test_rows_name_their_virtual_pipeline_stages(notes, expected):
     row = _row(flops_convention=notes, pp="4", dp="4", tp="4")
     layout = _layout_setup(row, _spec(row))[0]
     assert (layout.schedule, layout.virtual_stages) == expected
+
+
+@pytest.mark.parametrize("model,kernels,autocast,expected", [
+    # fused scale-mask-softmax (2e) + dropout (2e + 1), fp16
+    ("bert-large", "fused", True, 2 * 2 + 2 * 2 + 1),
+    # eager, autocast: scale 2e, mask 2e, softmax e -> fp32 4, dropout in fp32 4 + 4 + 1, cast 4 -> e
+    ("bert-large", "eager", True, 4 + 4 + (2 + 4) + 9 + (4 + 2)),
+    # eager in half precision, no autocast: softmax stays half, no cast
+    ("bert-large", "eager", False, 4 + 4 + 4 + (2 * 2 + 1)),
+    # Llama's eager attention asks for an fp32 softmax itself and has no dropout
+    ("llama2-7b", "eager", False, 4 + 4 + (2 + 4) + (4 + 2)),
+])
+def test_materialised_scores_move_what_each_kernel_reads_and_writes(model, kernels, autocast, expected):
+    from tensorpilot.plan.timing import score_bytes_per_element
+
+    assert score_bytes_per_element(get_model(model), 2, kernels, autocast) == expected

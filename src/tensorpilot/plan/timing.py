@@ -33,7 +33,8 @@ ATTENTION = ("flash", "flash1", "materialized")
 FUSED_ATTENTION = ("flash", "flash1")
 
 __all__ = ["ATTENTION", "FUSED_ATTENTION", "KERNELS", "DeviceRates", "allgather_time_s", "allreduce_time_s", "backward_gemms_time_s",
-           "bubble_fraction", "gemm_time_s", "layer_times", "pipeline_time_s", "reducescatter_time_s", "ring_allreduce_bytes_factor"]
+           "bubble_fraction", "gemm_time_s", "layer_times", "pipeline_time_s", "reducescatter_time_s", "ring_allreduce_bytes_factor",
+           "score_bytes_per_element"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +178,24 @@ def elementwise_bytes_per_token(spec: ModelSpec, *, tp: int, sequence_parallel: 
     return (replicated / (tp if sequence_parallel else 1) + split / tp) * cal.ELEMENTWISE_TRAFFIC_FACTOR
 
 
+def score_bytes_per_element(spec: ModelSpec, e: float, kernels: str = "fused", autocast: bool = False) -> float:
+    """Forward traffic over each element of materialised (s x s) attention scores, besides the two
+    batched GEMMs that write and read them (e = activation bytes).
+
+    Fused (Megatron's scale-mask-softmax kernel, XLA): softmax reads and writes the scores once,
+    2e; dropout reads, writes and masks them, 2e + 1. Eager (one PyTorch op a kernel, as Hugging
+    Face's eager attention and the GPT-2 / BERT reference code run it): the scale by 1/sqrt(d) and
+    the mask (additive or torch.where) are kernels of their own, 2e each; softmax writes fp32
+    under autocast (softmax is on autocast's fp32 list) and in gated-MLP (Llama-family) models,
+    whose eager attention asks for an fp32 softmax itself: e + 4; dropout then moves fp32
+    (4 + 4 + 1); the next GEMM's input is cast back, 4 + e."""
+    if kernels == "fused":
+        return 2 * e + ((2 * e + 1) if spec.dropout else 0)
+    probs = 4 if autocast or spec.mlp == "swiglu" else e
+    cast = (probs + e) if probs != e else 0
+    return 2 * e + 2 * e + (e + probs) + ((2 * probs + 1) if spec.dropout else 0) + cast
+
+
 def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batch: int, tp: int,
                 sequence_parallel: bool, attention: str, e: float, kv_len: int | None = None,
                 kernels: str = "fused", autocast: bool = False) -> LayerTimes:
@@ -199,8 +218,7 @@ def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batc
         # each product one batched kernel over the heads (torch.baddbmm / bmm)
         d, heads = spec.head_dim, micro_batch * spec.heads / tp
         bmm = gemm_time_s(seq_len, d, kv_len, rates, e, heads) + gemm_time_s(seq_len, kv_len, d, rates, e, heads)
-        # softmax reads/writes the scores (e each way); dropout reads, writes and masks them
-        score_bytes = heads * seq_len * kv_len * (2 * e + ((2 * e + 1) if spec.dropout else 0))
+        score_bytes = heads * seq_len * kv_len * score_bytes_per_element(spec, e, kernels, autocast)
         soft = score_bytes * cal.ELEMENTWISE_TRAFFIC_FACTOR / rates.mem_bytes_per_s
         att_f = bmm + soft
         att_b = 2 * bmm + 2 * soft
