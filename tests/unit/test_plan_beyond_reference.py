@@ -1108,3 +1108,34 @@ def test_materialised_scores_move_what_each_kernel_reads_and_writes(model, kerne
     from tensorpilot.plan.timing import score_bytes_per_element
 
     assert score_bytes_per_element(get_model(model), 2, kernels, autocast) == expected
+
+
+def _bert_row(**kw):
+    return _row(**{"model": "BERT-large", "params_b": "0.34", "hidden": "1024", "layers": "24", "heads": "16",
+                   "vocab": "30522", "ffn_hidden": "4096", "kv_heads": "16", "gpu": "A100-SXM4-80GB", "n_gpus": "8",
+                   "tp": "1", "pp": "1", "dp": "8", "seq_len": "512", "global_batch": "448", "micro_batch": "56",
+                   "precision": "fp16 mixed", "recompute": "none", "sharding": "ddp", "metric": "iteration_time",
+                   "value": "1", "unit": "s", **kw})
+
+
+def test_unpadded_bert_pretraining_is_planned_on_the_real_tokens():
+    """Krell et al. 2021: over half of BERT's Wikipedia positions at 512 are padding, which
+    --unpad kernels skip: an unpadded step is a dense step of 256-token sequences; a packed row
+    (two sequences a 512-token row) and a padded one are dense at 512."""
+    from tensorpilot.plan.validate import _layout_setup, _spec, predict_row
+
+    unpadded = _bert_row(flops_convention="NVIDIA BERT PyTorch, --unpad, fp16")
+    spec = _spec(unpadded)
+    layout, setup = _layout_setup(unpadded, spec)
+    assert setup.seq_len == 256
+    dense_256 = predict(spec, catalog.get("a100-sxm4-80gb"), layout, setup)
+    assert predict_row(unpadded).predicted == pytest.approx(dense_256.step_time_s)
+    padded = predict_row(_bert_row(flops_convention="NVIDIA BERT PyTorch, fp16")).predicted
+    packed = predict_row(_bert_row(flops_convention="--unpad; packed sequences, 2 a row")).predicted
+    assert packed == padded > dense_256.step_time_s * 1.8
+    # throughput credits every position: twice the dense 256-token plan's tokens a second
+    rate = predict_row(_bert_row(flops_convention="NVIDIA BERT PyTorch, --unpad, fp16", metric="tokens_per_s_per_gpu",
+                                 unit="tokens/s/GPU")).predicted
+    assert rate == pytest.approx(2 * dense_256.tokens_per_s_per_device)
+    # a causal decoder's positions are all tokens, whatever the notes say
+    assert _layout_setup(_row(flops_convention="--unpad", seq_len="512"), _spec(_row()))[1].seq_len == 512

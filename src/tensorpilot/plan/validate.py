@@ -349,7 +349,10 @@ def _layout_setup(row, spec: ModelSpec):
         # Megatron's --bf16 keeps bf16 weights with an fp32 master in the optimizer, not
         # autocast's fp32 weights (a bare "bf16" elsewhere is torchtitan's FSDP2 mixed precision)
         precision = "bf16"
-    setup = TrainSetup(seq_len=_int(row, "seq_len", spec.max_seq_len if spec else 2048),
+    # an unpadded run is planned as dense sequences of its mean length, its tokens as real ones
+    fraction = _token_fraction(row, spec)
+    tokens = tokens * fraction if tokens else tokens
+    setup = TrainSetup(seq_len=round(_int(row, "seq_len", spec.max_seq_len if spec else 2048) * fraction),
                        global_batch=batch, precision=precision, kernels=_kernels(row), fp8_recipe=_fp8_recipe(row),
                        grad_dtype=_grad_dtype(row, precision),
                        optimizer=_optimizer(row), attention=_attention(row),
@@ -407,6 +410,22 @@ def _attention(row) -> str:
 # time x iterations x GPUs", "excludes eval/startup"): no restarts or stalls in it
 _STEPS_ONLY = re.compile(r"sum of (the )?(per[- ])?step|excl\w* (eval|start|restart|failure|checkpoint)|"
                          r"iteration time x (the )?(number of )?iterations|step time x (the )?(number of )?steps")
+
+
+_UNPADDED = re.compile(r"\bunpad|unpadded|padding (removed|skipped)|(removes?|skips?) (the )?padding")
+
+
+def _token_fraction(row, spec: ModelSpec) -> float:
+    """The share of the row's sequence positions the run computed on: calibration.BERT_WIKIPEDIA_
+    TOKEN_FRACTION for a BERT encoder pretraining at 512 whose notes say its kernels skip padding
+    (and not that sequences were packed, which the row counts as full rows); 1 otherwise. Memory
+    rows keep every position: the longest sequences of a batch still fill it."""
+    notes = _text(row, "flops_convention").lower()
+    if spec.causal or _int(row, "seq_len", 0) != 512 or METRIC_KINDS.get(_text(row, "metric")) == "memory":
+        return 1.0
+    if _UNPADDED.search(notes) and not re.search(r"\bpack(ed|ing)\b", notes):
+        return cal.BERT_WIKIPEDIA_TOKEN_FRACTION
+    return 1.0
 
 
 def _goodput(row) -> float:
@@ -693,7 +712,7 @@ def _predict(row, result: RowResult) -> float | None:
     states = ("params", "grads", "master_params", "optimizer")
     return {"achieved_tflops_per_gpu": lambda: _counted_flops(row, spec, params_b, plan, setup) / plan.step_time_s
             / plan.n_devices,
-            "tokens_per_s_per_gpu": lambda: plan.tokens_per_s_per_device,
+            "tokens_per_s_per_gpu": lambda: plan.tokens_per_s_per_device / _token_fraction(row, spec),
             "iteration_time": lambda: plan.step_time_s,
             "model_state_memory_per_gpu": lambda: sum(plan.memory_bytes[k] for k in states),
             "activation_memory_per_gpu": lambda: plan.memory_bytes["activations"],
