@@ -105,6 +105,9 @@ class Layout:
     # inside the GEMMs they feed (Megatron --tp-comm-overlap, torchtitan async TP) and the ZeRO-1/2
     # weight all-gather behind the next forward (Megatron --overlap-param-gather)
     overlap_comm: bool = False
+    # the gradient reduction runs behind backward, bucket by bucket (PyTorch DDP, FSDP, DeepSpeed
+    # ZeRO-3); False: after it (DeepSpeed ZeRO-0/1/2's default, overlap_comm false)
+    overlap_grad_reduce: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", canonical_sharding(self.sharding))
@@ -162,7 +165,7 @@ class Layout:
         sched = f" {self.schedule}" + (f"/{self.virtual_stages}" if self.virtual_stages > 1 else "") \
             if self.pp > 1 else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
-        overlap = " overlap" if self.overlap_comm else ""
+        overlap = (" overlap" if self.overlap_comm else "") + ("" if self.overlap_grad_reduce else " grad-reduce-after")
         blocks = f"({self.recompute_layers} blocks/chunk)" if self.recompute_layers else ""
         return (f"tp={self.tp} pp={self.pp} dp={self.dp}{cp} {self.sharding}{extra} mb={self.micro_batch}"
                 f" recompute={self.recompute}{blocks}{sched}{overlap}")

@@ -1139,3 +1139,40 @@ def test_unpadded_bert_pretraining_is_planned_on_the_real_tokens():
     assert rate == pytest.approx(2 * dense_256.tokens_per_s_per_device)
     # a causal decoder's positions are all tokens, whatever the notes say
     assert _layout_setup(_row(flops_convention="--unpad", seq_len="512"), _spec(_row()))[1].seq_len == 512
+
+
+def test_gradients_reduced_after_backward_pay_the_whole_reduction():
+    """DeepSpeed ZeRO-0/1/2 default to overlap_comm false: the all-reduce (ZeRO-1: its
+    reduce-scatter half) waits after backward instead of hiding behind it."""
+    from dataclasses import replace
+
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    spec, acc = get_model("llama2-7b"), catalog.get("a100-sxm4-80gb")
+    setup = TrainSetup(seq_len=4096, global_batch=64, precision="bf16")
+    behind = Layout(dp=16, sharding="zero1", micro_batch=1, recompute="full")
+    after = replace(behind, overlap_grad_reduce=False)
+    p_behind, p_after = predict(spec, acc, behind, setup), predict(spec, acc, after, setup)
+    rates = device_rates(acc, "bf16")
+    bw, alpha = tm.group_link(rates, 16, 1)
+    grad_bytes = spec.n_params * 4                      # Megatron-style bf16 keeps fp32 gradients
+    reduce_scatter = tm.allreduce_time_s(grad_bytes, 16, bw, alpha * spec.layers) / 2
+    gather = tm.allgather_time_s(spec.n_params * 2, 16, bw, alpha * spec.layers)
+    assert p_after.time_breakdown_s["dp_comm_exposed"] == pytest.approx(reduce_scatter + gather, rel=1e-6)
+    assert p_behind.time_breakdown_s["dp_comm_exposed"] < p_after.time_breakdown_s["dp_comm_exposed"]
+
+
+@pytest.mark.parametrize("notes,source,sharding,expected", [
+    ("DeepSpeed ZeRO-1, bf16", "a paper", "zero1", False),
+    ("ds_config overlap_comm: true, ZeRO-2", "a blog", "zero2", True),
+    ("", "deepspeedai/DeepSpeedExamples training/autotuning", "zero2", False),
+    ("DeepSpeed ZeRO-3", "a paper", "fsdp", True),          # ZeRO-3 overlaps by default
+    ("PyTorch DDP", "a paper", "none", True),
+    # an NVIDIA NeMo run whose shape was read from a Megatron-DeepSpeed script
+    ("NeMo custom.yaml / megatron-deepspeed run_gpt.sh shapes", "mlcommons", "zero1", True),
+])
+def test_rows_say_whether_gradients_were_reduced_behind_backward(notes, source, sharding, expected):
+    from tensorpilot.plan.validate import _grad_reduce_overlapped
+
+    assert _grad_reduce_overlapped({"flops_convention": notes, "source": source}, sharding) is expected

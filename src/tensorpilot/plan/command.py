@@ -76,6 +76,9 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="The framework hides TP collectives inside the GEMMs and the ZeRO weight all-gather "
                         "behind the next forward (Megatron --tp-comm-overlap --overlap-param-gather, "
                         "torchtitan async TP).")
+    h.add_argument("--grad-reduce-after-backward", action="store_true",
+                   help="Reduce gradients after backward instead of behind it, bucket by bucket (DeepSpeed "
+                        "ZeRO-0/1/2 with its default overlap_comm false).")
     t = p.add_argument_group("training setup")
     t.add_argument("--seq-len", type=int, default=None, metavar="N",
                    help="Tokens per sequence (default: the model's context, at most 8192).")
@@ -281,7 +284,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     virtual_stages=args.virtual_stages, recompute=args.recompute,
                     recompute_layers=args.recompute_layers or 0,
                     shard_group=max(1, cal.GPUS_PER_NODE // args.tp) if hybrid else 0, cp=args.cp,
-                    overlap_comm=args.overlap_comm)
+                    overlap_comm=args.overlap_comm, overlap_grad_reduce=not args.grad_reduce_after_backward)
     setup = _setup(args, spec, dp)
     check_layout(spec, layout, setup, n_devices=gpus)
     plan = predict(spec, acc, layout, setup)

@@ -402,13 +402,14 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                 ar = tm.allreduce_time_s(grad_bytes / shard, replicas // shard, bw_r, alpha_r)
                 dp_exposed += _exposed(ar, bwd_micro_s, layers_stage)
         else:
-            if lo.zero_stage == 2:     # reduce-scatter every micro-batch, overlapped with backward
+            # overlapped with backward, or after it (Layout.overlap_grad_reduce)
+            behind = (lambda c: _exposed(c, bwd_micro_s, layers_stage)) if lo.overlap_grad_reduce else (lambda c: c)
+            if lo.zero_stage == 2:     # reduce-scatter every micro-batch
                 rs = tm.reducescatter_time_s(grad_bytes, replicas, bw, alpha)
-                dp_exposed = n_micro * _exposed(rs, bwd_micro_s, layers_stage)
+                dp_exposed = n_micro * behind(rs)
             else:                      # one all-reduce (ZeRO-1: reduce-scatter) in the last backward
                 ar = tm.allreduce_time_s(grad_bytes, replicas, bw, alpha)
-                reduce = ar / 2 if lo.zero_stage == 1 else ar
-                dp_exposed = _exposed(reduce, bwd_micro_s, layers_stage)
+                dp_exposed = behind(ar / 2 if lo.zero_stage == 1 else ar)
             if lo.zero_stage in (1, 2):  # updated weights gathered after the optimizer step
                 ag = tm.allgather_time_s(half_param_bytes, replicas, bw, alpha)
                 # overlapped: each block's weights arrive behind the next step's forward

@@ -330,7 +330,8 @@ def _layout_setup(row, spec: ModelSpec):
                     micro_batch=_int(row, "micro_batch", 1), schedule="interleaved" if interleaved else "1f1b",
                     virtual_stages=max(chunks, 2) if interleaved else 1, recompute=rec,
                     shard_group=max(1, cal.GPUS_PER_NODE // tp) if hybrid else 0, cp=cp,
-                    overlap_comm=bool(_switch(row, _OVERLAP_SWITCH)))
+                    overlap_comm=bool(_switch(row, _OVERLAP_SWITCH)),
+                    overlap_grad_reduce=_grad_reduce_overlapped(row, sharding))
     tokens = _number(row, "tokens") if "tokens" in row else None
     # a published global batch that dp x micro-batch does not divide (OPT: 1024 sequences on 124
     # replicas) ran with uneven or dropped micro-batches: the nearest multiple is predicted
@@ -426,6 +427,22 @@ def _token_fraction(row, spec: ModelSpec) -> float:
     if _UNPADDED.search(notes) and not re.search(r"\bpack(ed|ing)\b", notes):
         return cal.BERT_WIKIPEDIA_TOKEN_FRACTION
     return 1.0
+
+
+def _grad_reduce_overlapped(row, sharding: str) -> bool:
+    """False for DeepSpeed's engine below ZeRO-3 (its own runs and Megatron-DeepSpeed's): its
+    overlap_comm defaults to false there, so gradients are reduced after backward (DeepSpeed's
+    config docs; ZeRO-3 defaults it to true), unless the notes turn overlap_comm on."""
+    from tensorpilot.layout import SHARDINGS
+
+    notes = _text(row, "flops_convention").lower()
+    # DeepSpeed named by the source, or by notes that do not name NVIDIA's own stack (an NVIDIA
+    # NeMo run's notes may cite a Megatron-DeepSpeed script for the model's shape)
+    deepspeed = _source_names(row, ("deepspeed",)) or ("deepspeed" in notes and not re.search(
+        r"\bnemo\b|megatron[- ]core|\bmcore\b", notes))
+    if not deepspeed or SHARDINGS.get(sharding, 0) == 3:
+        return True
+    return bool(_switch(row, r"overlap comm"))
 
 
 def _goodput(row) -> float:
