@@ -996,7 +996,10 @@ def test_recomputing_k_blocks_of_a_chunk_interpolates_memory_time_and_flops():
     per_full = mem.layer_activation_bytes(spec, recompute="full", **kw)
     per_none = mem.layer_activation_bytes(spec, recompute="none", **kw)
     in_flight = 4                                            # 1F1B: pp micro-batches on the first stage
-    expected = every.memory_bytes["activations"] + (1 - share) * 20 * in_flight * (per_none - per_full)
+    # (with every block recomputing, the last stage's logits make it the busiest device: the first
+    # stage's activations are read from the memory model itself)
+    every_first = mem.activation_bytes_per_device(spec, n_micro=16, pp=4, recompute="full", **kw)["activations"]
+    expected = every_first + (1 - share) * 20 * in_flight * (per_none - per_full)
     assert part.memory_bytes["activations"] == pytest.approx(expected)
     # the recomputed forward and its two extra TP collectives: a quarter of full's
     for key in ("compute", "tp_comm", "memory_bound"):
@@ -1176,3 +1179,38 @@ def test_rows_say_whether_gradients_were_reduced_behind_backward(notes, source, 
     from tensorpilot.plan.validate import _grad_reduce_overlapped
 
     assert _grad_reduce_overlapped({"flops_convention": notes, "source": source}, sharding) is expected
+
+
+@pytest.mark.parametrize("vocab,recompute,busiest", [(32000, "none", "first"), (256000, "full", "last")])
+def test_a_pipeline_holds_the_logits_on_the_last_stage_and_the_most_micro_batches_on_the_first(vocab, recompute,
+                                                                                              busiest):
+    """1F1B: stage 0 holds pp micro-batches of its blocks' activations and the embedding; the last
+    stage one micro-batch, the output layer and the logits. The busiest device is one of them,
+    never the sum (Vocabulary Parallelism, Yeung et al. 2024, measures the last stage's excess)."""
+    from dataclasses import replace
+
+    spec = replace(get_model("llama2-7b"), vocab=vocab)
+    acc = catalog.get("a100-sxm4-80gb")
+    setup = TrainSetup(seq_len=4096, global_batch=128, precision="bf16")
+    layout = Layout(pp=8, dp=1, micro_batch=1, recompute=recompute)
+    plan = predict(spec, acc, layout, setup)
+    per_layer = mem.layer_activation_bytes(spec, seq_len=4096, micro_batch=1, act_bytes=2, recompute=recompute)
+    # the block being differentiated: its gradient (2 s h e), or under full recomputation all it rebuilt
+    working = mem.layer_activation_bytes(spec, seq_len=4096, micro_batch=1, act_bytes=2) if recompute == "full" \
+        else 2 * 4096 * spec.hidden * 2
+    blocks = spec.layers // 8
+    first_acts = per_layer * blocks * 8 + working          # 8 micro-batches in flight
+    last_acts = per_layer * blocks * 1 + working
+    logits = 4096 * (vocab * (2 + 4 + 4) + spec.hidden * 2)
+    prec = mem.precision("bf16")
+    states = lambda n: sum(mem.model_state_bytes(n, prec).values())
+    first = states(blocks * spec.layer_params + spec.embedding_params) + first_acts
+    last = states(blocks * spec.layer_params + spec.head_params) + last_acts + logits
+    assert (first > last) == (busiest == "first")
+    got = plan.memory_bytes
+    if busiest == "first":
+        assert got["activations"] == pytest.approx(first_acts) and got["logits_and_loss"] == 0
+    else:
+        assert got["activations"] == pytest.approx(last_acts) and got["logits_and_loss"] == pytest.approx(logits)
+    states_got = sum(got[k] for k in ("params", "grads", "master_params", "optimizer"))
+    assert states_got + got["activations"] + got["logits_and_loss"] == pytest.approx(max(first, last))

@@ -277,8 +277,10 @@ def activation_bytes_per_device(spec: ModelSpec, *, seq_len: int, micro_batch: i
     in-flight micro-batches, plus the working set of one block being recomputed / differentiated,
     plus the output logits and loss of one micro-batch (on the last stage; with pp = 1 the same
     device). ``recompute_share``: under full recomputation, the share of blocks that recompute
-    (the others keep everything, Megatron's block method). Returns {"activations": ..., "logits": ...}."""
-    first, middle, _ = stage_layers(spec.layers, pp, virtual_stages if schedule == "interleaved" else 1)
+    (the others keep everything, Megatron's block method). Returns {"activations": ..., "logits": ...,
+    "last_stage_activations": ...}: with a pipeline the last stage holds the logits but the fewest
+    micro-batches, so it is the busiest only when the output layer outweighs them."""
+    first, middle, last = stage_layers(spec.layers, pp, virtual_stages if schedule == "interleaved" else 1)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
               attention=attention, act_bytes=act_bytes)
     per_layer = layer_activation_bytes(spec, recompute=recompute, gemm_input_bytes=gemm_input_bytes, **kw)
@@ -305,7 +307,13 @@ def activation_bytes_per_device(spec: ModelSpec, *, seq_len: int, micro_batch: i
         # logits (e) + their fp32 copy for the loss + its gradient (fp32), split over TP (vocab
         # parallel); the final-norm input e*h. Held at the end of forward on the last stage.
         logits = tokens * (spec.vocab / tp * (act_bytes + 4 + 4) + spec.hidden * act_bytes)
-    return {"activations": stored + working, "logits": logits}
+    # the last stage holds the fewest micro-batches: one under 1F1B, Megatron's interleaved
+    # warm-up of (v - 1) pp + 1 model chunks, every one under GPipe
+    v = virtual_stages if schedule == "interleaved" and virtual_stages > 1 else 1
+    last_in_flight = n_micro if schedule == "gpipe" else \
+        min(n_micro, ((v - 1) * pp + 1) / v) if pp > 1 else in_flight
+    return {"activations": stored + working, "logits": logits,
+            "last_stage_activations": per_layer * last * last_in_flight + working}
 
 
 def kv_cache_bytes(spec: ModelSpec, *, batch: int, context: int, dtype_bytes: float = 2) -> float:

@@ -282,12 +282,24 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
 
     # ---- memory of the busiest device
     params_stage = _stage_params(spec, lo.pp, vp) / lo.tp
-    states = mem.model_state_bytes(params_stage, prec, zero_stage=lo.zero_stage, dp=lo.shard_degree)
     acts = mem.activation_bytes_per_device(
         spec, seq_len=seq_local, micro_batch=lo.micro_batch, n_micro=n_micro, tp=lo.tp, pp=lo.pp,
         sequence_parallel=lo.sequence_parallel, recompute=lo.recompute, attention=s.attention,
         act_bytes=e, schedule=lo.schedule, virtual_stages=lo.virtual_stages,
         gemm_input_bytes=prec.gemm_input_bytes, recompute_share=share)
+    held_params, held_acts, held_logits = params_stage, acts["activations"], acts["logits"]
+    if lo.pp > 1:
+        # the busiest device is a stage before the last (most micro-batches in flight, the
+        # embedding on the first) or the last (the output layer and the logits, one micro-batch)
+        body = max(first * spec.layer_params + spec.embedding_params, middle * spec.layer_params) / lo.tp
+        head = (last * spec.layer_params + spec.head_params
+                + (spec.vocab * spec.hidden if spec.tied_embeddings and spec.lm_head else 0)) / lo.tp
+        total = lambda n, a: sum(mem.model_state_bytes(n, prec, zero_stage=lo.zero_stage, dp=lo.shard_degree).values()) + a
+        if total(head, acts["last_stage_activations"] + acts["logits"]) > total(body, acts["activations"]):
+            held_params, held_acts = head, acts["last_stage_activations"]
+        else:
+            held_params, held_logits = body, 0.0
+    states = mem.model_state_bytes(held_params, prec, zero_stage=lo.zero_stage, dp=lo.shard_degree)
     layer_param_bytes = spec.layer_params / lo.tp * DTYPE_COMPUTE_BYTES(prec)
     buffers = 0.0
     # fsdp: two gathered blocks (current + prefetch) and one unsharded block grad; under a
@@ -302,8 +314,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     copied_params = gathered * spec.layer_params / lo.tp if lo.zero_stage == 3 else \
         (layers_stage * spec.layer_params / lo.tp if fp8 else params_stage)
     buffers += prec.weight_copy_bytes * copied_params
-    allocated = sum(states.values()) + acts["activations"] + acts["logits"] + buffers
-    memory_bytes = {**states, "activations": acts["activations"], "logits_and_loss": acts["logits"],
+    allocated = sum(states.values()) + held_acts + held_logits + buffers
+    memory_bytes = {**states, "activations": held_acts, "logits_and_loss": held_logits,
                     "buffers": buffers, "allocator_overhead": allocated * cal.ALLOCATOR_OVERHEAD_FRACTION,
                     "cuda_context": cal.CONTEXT_BYTES}
     memory_bytes["total"] = sum(memory_bytes.values())
