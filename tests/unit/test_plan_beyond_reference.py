@@ -1214,3 +1214,24 @@ def test_a_pipeline_holds_the_logits_on_the_last_stage_and_the_most_micro_batche
         assert got["activations"] == pytest.approx(last_acts) and got["logits_and_loss"] == pytest.approx(logits)
     states_got = sum(got[k] for k in ("params", "grads", "master_params", "optimizer"))
     assert states_got + got["activations"] + got["logits_and_loss"] == pytest.approx(max(first, last))
+
+
+def test_the_search_splits_long_sequences_over_context_parallel_ranks():
+    """From 8k tokens a sequence the layout search also tries cp = 2, 4, ... (2 cp chunks must
+    divide the sequence); a 128k-token Llama 3 8B sequence does not fit one H100's memory without
+    recomputation, and splitting it beats recomputing it."""
+    from tensorpilot.plan.search import LONG_CONTEXT_SEQ, candidate_layouts, search
+
+    spec, acc = get_model("llama3-8b"), catalog.get("h100-sxm")
+    long = TrainSetup(seq_len=131072, global_batch=16, precision="bf16")
+    cps = {lo.cp for lo in candidate_layouts(spec, 16, long)}
+    assert cps == {1, 2, 4, 8, 16}
+    assert all(lo.tp * lo.pp * lo.dp * lo.cp == 16 for lo in candidate_layouts(spec, 16, long))
+    short = TrainSetup(seq_len=LONG_CONTEXT_SEQ // 2, global_batch=16, precision="bf16")
+    assert {lo.cp for lo in candidate_layouts(spec, 16, short)} == {1}
+    odd = TrainSetup(seq_len=8208, global_batch=16, precision="bf16")      # 2 cp must divide 8,208 = 16 x 513
+    assert {lo.cp for lo in candidate_layouts(spec, 16, odd)} == {1, 2, 4, 8}
+    best = search(spec, acc, 16, long, top=1).ranked[0]
+    assert best.layout_detail.cp > 1
+    unsplit = predict(spec, acc, Layout(dp=16, sharding="fsdp", recompute="full"), long)
+    assert best.step_time_s < unsplit.step_time_s

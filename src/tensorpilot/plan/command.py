@@ -121,7 +121,7 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "state).")
     s = p.add_argument_group("search")
     s.add_argument("--search", action="store_true",
-                   help="Enumerate tp/pp/dp/micro-batch/recompute/sharding for --gpus devices, drop invalid "
+                   help="Enumerate tp/pp/dp(/cp from 8k-token sequences)/micro-batch/recompute/sharding for --gpus devices, drop invalid "
                         "or non-fitting layouts, print the best.")
     s.add_argument("--objective", default="throughput", choices=["throughput", "cost"],
                    help="Ranking for --search (default: throughput).")
@@ -380,11 +380,14 @@ def _cmd_search(args, spec, acc, gpus: int) -> int:
     if not res.ranked:
         con.print("[red]no layout fits[/]: add devices, use a larger --global-batch, or a device with more memory.")
         return 1
-    tab = Table("#", "tp/pp/dp", "sharding", "mb", "recompute", "step s", "tok/s/dev", "MFU", "GiB")
+    with_cp = any(p.layout_detail.cp > 1 for p in res.ranked)
+    tab = Table("#", "tp/pp/dp/cp" if with_cp else "tp/pp/dp", "sharding", "mb", "recompute", "step s", "tok/s/dev",
+                "MFU", "GiB")
     for n, p in enumerate(res.ranked, 1):
         lo = p.layout_detail
         sched = f" {lo.schedule}" + (f"/{lo.virtual_stages}" if lo.virtual_stages > 1 else "") if lo.pp > 1 else ""
-        tab.add_row(str(n), f"{lo.tp}/{lo.pp}/{lo.dp}", lo.sharding + (" sp" if lo.sequence_parallel else ""),
+        degrees = f"{lo.tp}/{lo.pp}/{lo.dp}" + (f"/{lo.cp}" if with_cp else "")
+        tab.add_row(str(n), degrees, lo.sharding + (" sp" if lo.sequence_parallel else ""),
                     str(lo.micro_batch), lo.recompute + (f"({lo.recompute_layers})" if lo.recompute_layers else "") + sched, f"{p.step_time_s:,.3f}",
                     f"{p.tokens_per_s_per_device:,.0f}", f"{p.mfu:.1%}", f"{p.memory_bytes['total'] / 2**30:,.1f}")
     con.print(tab)
