@@ -19,12 +19,14 @@ from __future__ import annotations
 # Blackwell (sm_100): OpenXLA's GEMM cost-model table (xla/backends/gpu/cost_model/
 # matmul_interpolator_data.h, measured FLOP/s by shape) gives 1417 TFLOP/s bf16 and 2765 fp8
 # (e4m3) at 4096^3 = 0.63 / 0.61 of B200's 2250 / 4500 dense peaks; the same table's sm_90 entry
-# at 4096^3 is 783 = 0.79 of H100's 989, the MAMF figure above, so the shapes compare. GB200 is
-# the same sm_100 silicon at a higher power limit: its B200 fractions are ASSUMED. B300/GB300
-# (sm_103) are not in the table: default.
+# at 4096^3 is 780 = 0.79 of H100's 989, the MAMF figure above, so the shapes compare. The
+# fraction below is the large-K rate those imply under Blackwell's measured half-depth
+# (GEMM_HALF_DEPTH_PER_BALANCE_BY_PART): 0.63 x (4096 + 239) / 4096 = 0.67 bf16, 0.61 x (4096 +
+# 478) / 4096 = 0.68 e4m3. GB200 is the same sm_100 silicon at a higher power limit: its B200
+# fractions are ASSUMED. B300/GB300 (sm_103) are not in the table: default.
 MAMF_FRACTION: dict[str, float] = {
     "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
-    "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.63, "gb200": 0.63,
+    "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.67, "gb200": 0.67,
     "mi250x-gcd": 0.77,
 }
 # Devices without a measurement: an ASSUMED fraction between the measured NVIDIA parts.
@@ -35,7 +37,7 @@ DEFAULT_MAMF_FRACTION = 0.80
 # 1170-1180 (0.59) through torch._scaled_mm, so a recipe's GEMM path matters. Transformer Engine
 # calls cuBLASLt: 0.81 for Hopper; torchao's float8 training (torchtitan, OLMo-core) calls
 # torch._scaled_mm: 0.59. Other parts: their bf16 fraction (ASSUMED).
-MAMF_FRACTION_FP8: dict[str, float] = {"h100-sxm": 0.81, "h200-sxm": 0.81, "b200": 0.61, "gb200": 0.61}
+MAMF_FRACTION_FP8: dict[str, float] = {"h100-sxm": 0.81, "h200-sxm": 0.81, "b200": 0.68, "gb200": 0.68}
 MAMF_FRACTION_FP8_SCALED_MM: dict[str, float] = {"h100-sxm": 0.59, "h200-sxm": 0.59}
 # fp8 training recipes by the GEMM path they take: Transformer Engine (NeMo, Megatron, llm-foundry)
 # or torchao's Float8Linear (torch._scaled_mm)
@@ -63,8 +65,16 @@ SUSTAINED_COMPUTE_FRACTION = 0.85
 # (0.80 of 989) with the HBM roofline fits K_half 140-160 (median |error| 3.5%; a fixed smallest-
 # dimension half-size of 64 was 8.9% fast): 150 / 295 (H100's 989 TFLOP/s over 3.35 TB/s) = 0.5.
 # H100, K = 1024: 0.87; A100 (balance 153): K_half 77, K = 1024: 0.93; fp8 doubles it. The
-# balance scaling to other devices is the physical argument above, ASSUMED.
+# balance scaling to other devices is the physical argument above, ASSUMED where not measured.
 GEMM_HALF_DEPTH_PER_BALANCE = 0.5
+# Measured per part. Blackwell (sm_100) in the same table's 2025 version (xla/backends/gpu/
+# cost_model/matmul_interpolator_data.h, 375 shapes each of bf16 and e4m3): a deeper half-depth,
+# its 2-CTA 256-wide MMA tiles paying more fixed cost a tile. On the 45 training-sized shapes
+# (2 x 4096 rows, n 4096) bf16 runs 0.56 / 0.65 / 0.82 / 0.95 / 1.03 and e4m3 0.33 / 0.56 / 0.87
+# / 1.06 / 1.14 of its 4096^3 rate at k = 256 ... 4096 (sm_90 bf16: 0.59 / 0.78 / 0.87 / 0.96 /
+# 1.02): K_half fits 240 bf16 (median |error| 8%; 0.5 x balance, 141, was +15% fast) and ~450
+# e4m3 (14%; 281 was +16% fast), 0.85 and 0.8 of B200's balance: 0.85. GB200: ASSUMED as B200.
+GEMM_HALF_DEPTH_PER_BALANCE_BY_PART: dict[str, float] = {"b200": 0.85, "gb200": 0.85}
 
 # Fused attention (FlashAttention-2 class, causal, head_dim 128), forward + backward, as a fraction
 # of the dense datasheet peak: A100 50-73% (Dao 2023, FlashAttention-2, section 4.1) -> 0.60;
@@ -182,10 +192,12 @@ def mamf_fraction(catalog_key: str | None, dtype: str = "bf16", fp8_recipe: str 
     return MAMF_FRACTION.get(catalog_key or "", DEFAULT_MAMF_FRACTION)
 
 
-def gemm_half_depth(peak_flops_per_s: float, mem_bw_gb_per_s: float | None) -> float:
+def gemm_half_depth(peak_flops_per_s: float, mem_bw_gb_per_s: float | None, catalog_key: str | None = None) -> float:
     """Reduction depth at which a GEMM runs at half its large-GEMM rate on a device whose compute
-    dtype peaks at ``peak_flops_per_s`` beside ``mem_bw_gb_per_s`` of HBM (GEMM_HALF_DEPTH_PER_BALANCE)."""
-    return GEMM_HALF_DEPTH_PER_BALANCE * peak_flops_per_s / ((mem_bw_gb_per_s or 1000) * 1e9)
+    dtype peaks at ``peak_flops_per_s`` beside ``mem_bw_gb_per_s`` of HBM: the part's measured
+    multiple of that balance (GEMM_HALF_DEPTH_PER_BALANCE_BY_PART) or GEMM_HALF_DEPTH_PER_BALANCE."""
+    per_balance = GEMM_HALF_DEPTH_PER_BALANCE_BY_PART.get(catalog_key or "", GEMM_HALF_DEPTH_PER_BALANCE)
+    return per_balance * peak_flops_per_s / ((mem_bw_gb_per_s or 1000) * 1e9)
 
 
 def flash_attention_fraction(catalog_key: str | None) -> float:

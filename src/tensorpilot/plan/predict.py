@@ -117,7 +117,7 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
                               mem_bytes_per_s=half.mem_bytes_per_s, link_bytes_per_s=half.link_bytes_per_s,
                               internode_bytes_per_s=half.internode_bytes_per_s,
                               attention_flops_per_s=half.attention_flops_per_s, gpus_per_node=half.gpus_per_node,
-                              gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s))
+                              gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, cal.calibration_key(acc)))
     link = (acc.link_gb_per_s or 32) * 1e9 / 2 * cal.LINK_BW_FRACTION          # both directions -> one
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
@@ -126,7 +126,7 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
                           link_bytes_per_s=link, internode_bytes_per_s=net,
                           attention_flops_per_s=sustained * cal.flash_attention_fraction(cal.calibration_key(acc)),
                           gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE,
-                          gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s))
+                          gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, cal.calibration_key(acc)))
 
 
 def _exposed(comm_s: float, compute_s: float, blocks: int) -> float:
