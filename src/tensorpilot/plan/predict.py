@@ -249,16 +249,23 @@ def least_recompute(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: Tr
     return best
 
 
-def _stage_params(spec: ModelSpec, pp: int, virtual_stages: int = 1) -> float:
-    """Parameters on the busiest pipeline stage: its blocks + the embedding (first stage) or the
-    head (last stage); with pp = 1 everything."""
+def _stage_param_split(spec: ModelSpec, pp: int, virtual_stages: int = 1) -> tuple[float, float]:
+    """Parameters of the fuller stage before the last (its blocks + the embedding on the first)
+    and of the last stage (its blocks + the output layer); with pp = 1 everything, twice."""
     if pp == 1:
-        return spec.layers * spec.layer_params + spec.embedding_params + spec.head_params
+        every = spec.layers * spec.layer_params + spec.embedding_params + spec.head_params
+        return every, every
     first, middle, last = mem.stage_layers(spec.layers, pp, virtual_stages)
     # Megatron keeps a copy of a tied embedding on the last stage for the output layer
     last_head = spec.head_params + (spec.vocab * spec.hidden if spec.tied_embeddings and spec.lm_head else 0)
-    return max(first * spec.layer_params + spec.embedding_params, middle * spec.layer_params,
-               last * spec.layer_params + last_head)
+    return (max(first * spec.layer_params + spec.embedding_params, middle * spec.layer_params),
+            last * spec.layer_params + last_head)
+
+
+def _stage_params(spec: ModelSpec, pp: int, virtual_stages: int = 1) -> float:
+    """Parameters on the busiest pipeline stage: its blocks + the embedding (first stage) or the
+    head (last stage); with pp = 1 everything."""
+    return max(_stage_param_split(spec, pp, virtual_stages))
 
 
 def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup, *,
@@ -291,11 +298,13 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     if lo.pp > 1:
         # the busiest device is a stage before the last (most micro-batches in flight, the
         # embedding on the first) or the last (the output layer and the logits, one micro-batch)
-        body = max(first * spec.layer_params + spec.embedding_params, middle * spec.layer_params) / lo.tp
-        head = (last * spec.layer_params + spec.head_params
-                + (spec.vocab * spec.hidden if spec.tied_embeddings and spec.lm_head else 0)) / lo.tp
-        total = lambda n, a: sum(mem.model_state_bytes(n, prec, zero_stage=lo.zero_stage, dp=lo.shard_degree).values()) + a
-        if total(head, acts["last_stage_activations"] + acts["logits"]) > total(body, acts["activations"]):
+        body, head = (n / lo.tp for n in _stage_param_split(spec, lo.pp, vp))
+
+        def held(params: float, activations: float) -> float:
+            return sum(mem.model_state_bytes(params, prec, zero_stage=lo.zero_stage, dp=lo.shard_degree).values()) \
+                + activations
+
+        if held(head, acts["last_stage_activations"] + acts["logits"]) > held(body, acts["activations"]):
             held_params, held_acts = head, acts["last_stage_activations"]
         else:
             held_params, held_logits = body, 0.0
@@ -414,14 +423,16 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                 ar = tm.allreduce_time_s(grad_bytes / shard, replicas // shard, bw_r, alpha_r)
                 dp_exposed += _exposed(ar, bwd_micro_s, layers_stage)
         else:
-            # overlapped with backward, or after it (Layout.overlap_grad_reduce)
-            behind = (lambda c: _exposed(c, bwd_micro_s, layers_stage)) if lo.overlap_grad_reduce else (lambda c: c)
+            def reduced(comm_s: float) -> float:
+                """Overlapped with backward, or after it (Layout.overlap_grad_reduce)."""
+                return _exposed(comm_s, bwd_micro_s, layers_stage) if lo.overlap_grad_reduce else comm_s
+
             if lo.zero_stage == 2:     # reduce-scatter every micro-batch
                 rs = tm.reducescatter_time_s(grad_bytes, replicas, bw, alpha)
-                dp_exposed = n_micro * behind(rs)
+                dp_exposed = n_micro * reduced(rs)
             else:                      # one all-reduce (ZeRO-1: reduce-scatter) in the last backward
                 ar = tm.allreduce_time_s(grad_bytes, replicas, bw, alpha)
-                dp_exposed = behind(ar / 2 if lo.zero_stage == 1 else ar)
+                dp_exposed = reduced(ar / 2 if lo.zero_stage == 1 else ar)
             if lo.zero_stage in (1, 2):  # updated weights gathered after the optimizer step
                 ag = tm.allgather_time_s(half_param_bytes, replicas, bw, alpha)
                 # overlapped: each block's weights arrive behind the next step's forward
