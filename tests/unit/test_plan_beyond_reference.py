@@ -1233,19 +1233,24 @@ def test_a_pipeline_holds_the_logits_on_the_last_stage_and_the_most_micro_batche
 
 
 def test_the_search_splits_long_sequences_over_context_parallel_ranks():
-    """From 8k tokens a sequence the layout search also tries cp = 2, 4, ... (2 cp chunks must
-    divide the sequence); a 128k-token Llama 3 8B sequence does not fit one H100's memory without
-    recomputation, and splitting it beats recomputing it."""
+    """From 16k tokens a sequence the layout search also tries cp = 2, 4, ... up to 32 (2 cp chunks
+    must divide the sequence, each rank keeps 2k tokens or more); a 128k-token Llama 3 8B sequence
+    does not fit one H100's memory without recomputation, and splitting it beats recomputing it."""
+    from dataclasses import replace
+
     from tensorpilot.plan.search import LONG_CONTEXT_SEQ, candidate_layouts, search
 
     spec, acc = get_model("llama3-8b"), catalog.get("h100-sxm")
     long = TrainSetup(seq_len=131072, global_batch=16, precision="bf16")
     cps = {lo.cp for lo in candidate_layouts(spec, 16, long)}
     assert cps == {1, 2, 4, 8, 16}
+    assert {lo.cp for lo in candidate_layouts(spec, 1024, replace(long, global_batch=1024))} == {1, 2, 4, 8, 16, 32}
+    # at 16k a rank keeps at least 2k tokens: cp up to 8
+    assert {lo.cp for lo in candidate_layouts(spec, 16, replace(long, seq_len=16384))} == {1, 2, 4, 8}
     assert all(lo.tp * lo.pp * lo.dp * lo.cp == 16 for lo in candidate_layouts(spec, 16, long))
     short = TrainSetup(seq_len=LONG_CONTEXT_SEQ // 2, global_batch=16, precision="bf16")
     assert {lo.cp for lo in candidate_layouts(spec, 16, short)} == {1}
-    odd = TrainSetup(seq_len=8208, global_batch=16, precision="bf16")      # 2 cp must divide 8,208 = 16 x 513
+    odd = TrainSetup(seq_len=3 * 8208, global_batch=16, precision="bf16")      # 2 cp must divide 24,624 = 16 x 1,539
     assert {lo.cp for lo in candidate_layouts(spec, 16, odd)} == {1, 2, 4, 8}
     best = search(spec, acc, 16, long, top=1).ranked[0]
     assert best.layout_detail.cp > 1

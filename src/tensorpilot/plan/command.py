@@ -121,7 +121,7 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "state).")
     s = p.add_argument_group("search")
     s.add_argument("--search", action="store_true",
-                   help="Enumerate tp/pp/dp(/cp from 8k-token sequences)/micro-batch/recompute/sharding for --gpus devices, drop invalid "
+                   help="Enumerate tp/pp/dp(/cp from 16k-token sequences)/micro-batch/recompute/sharding for --gpus devices, drop invalid "
                         "or non-fitting layouts, print the best.")
     s.add_argument("--objective", default="throughput", choices=["throughput", "cost"],
                    help="Ranking for --search (default: throughput).")

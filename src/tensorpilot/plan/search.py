@@ -2,8 +2,8 @@
 
 The space: tp (powers of two inside a node, dividing the heads) x pp (dividing the remaining
 devices, at most the layer count) x dp (the rest, dividing the global batch) x micro-batch
-(powers of two dividing the per-replica batch, up to 16) x context parallelism (powers of two, from
-8k-token sequences) x sharding (none, zero1, zero2, fsdp)
+(powers of two dividing the per-replica batch, up to 16) x context parallelism (powers of two up
+to 32, from 16k-token sequences) x sharding (none, zero1, zero2, fsdp)
 x recomputation (none, selective, full of the fewest blocks a chunk that fit: predict.least_recompute)
 x schedule (1f1b; interleaved with 2 chunks when pp > 1), sequence parallelism always on with
 tp > 1 (it only saves memory and traffic is the same).
@@ -38,10 +38,14 @@ OBJECTIVES = ("throughput", "cost")
 # (448 divisors, the most of any count up to MAX_DEVICES) with a global batch they all divide
 # yields 5,220; only a config with thousands of layers reaches the limit.
 MAX_SEARCH_LAYOUTS = 20_000
-# Sequence length from which the search also splits sequences over context-parallel ranks: 8k,
-# where Megatron-LM's context-parallel docs start to recommend it (below it the KV exchange costs
-# more than the activations it saves); a pruning bound, not a prediction.
-LONG_CONTEXT_SEQ = 8192
+# Sequence length from which the search also splits sequences over context-parallel ranks: 16k.
+# Long-context stages split them (Llama 3 405B's 128k stage: cp 16, Dubey et al. 2024, Table 4);
+# 8k pretraining, the most common length, keeps the search of the largest device counts within
+# MAX_SEARCH_LAYOUTS. A pruning bound, not a prediction: a stated cp is planned at any length.
+LONG_CONTEXT_SEQ = 16384
+# ... over at most 32 ranks, each keeping at least 2k tokens of a sequence (pruning bounds too)
+MAX_CP = 32
+MIN_CP_TOKENS = 2048
 # Largest count --deadline tries (powers of two): the size of the largest published runs (Llama 3).
 DEADLINE_MAX_DEVICES = 16384
 
@@ -89,14 +93,16 @@ def _powers_of_two(limit: int) -> list[int]:
 def candidate_layouts(spec: ModelSpec, n_devices: int, setup: TrainSetup, *,
                       gpus_per_node: int = cal.GPUS_PER_NODE, max_micro: int = 16):
     """Yield (layout without recompute) candidates that pass the divisibility rules. Context
-    parallelism (cp, powers of two whose 2 cp load-balanced chunks divide the sequence) joins the
-    space from LONG_CONTEXT_SEQ tokens a sequence, where long-context recipes split sequences
-    (Megatron-LM's and torchtitan's context parallelism, DeepSpeed-Ulysses)."""
+    parallelism (cp, powers of two up to MAX_CP whose 2 cp load-balanced chunks divide the sequence
+    and leave MIN_CP_TOKENS a rank) joins the space from LONG_CONTEXT_SEQ tokens a sequence, where
+    long-context recipes split sequences (Megatron-LM's and torchtitan's context parallelism,
+    DeepSpeed-Ulysses)."""
     for tp in _powers_of_two(min(gpus_per_node, n_devices)):
         if n_devices % tp or spec.heads % tp or (spec.n_kv_heads % tp and tp % spec.n_kv_heads):
             continue
-        cps = [c for c in _powers_of_two(n_devices // tp) if (n_devices // tp) % c == 0
-               and setup.seq_len % (2 * c) == 0] if setup.seq_len >= LONG_CONTEXT_SEQ else [1]
+        cps = [c for c in _powers_of_two(min(MAX_CP, n_devices // tp)) if (n_devices // tp) % c == 0
+               and setup.seq_len % (2 * c) == 0 and setup.seq_len // c >= MIN_CP_TOKENS] \
+            if setup.seq_len >= LONG_CONTEXT_SEQ else [1]
         for cp in cps:
             for pp in divisors(n_devices // (tp * cp)):
                 if pp > spec.layers:
