@@ -262,12 +262,6 @@ def _stage_param_split(spec: ModelSpec, pp: int, virtual_stages: int = 1) -> tup
             last * spec.layer_params + last_head)
 
 
-def _stage_params(spec: ModelSpec, pp: int, virtual_stages: int = 1) -> float:
-    """Parameters on the busiest pipeline stage: its blocks + the embedding (first stage) or the
-    head (last stage); with pp = 1 everything."""
-    return max(_stage_param_split(spec, pp, virtual_stages))
-
-
 def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup, *,
             check: bool = True) -> Plan:
     if check:
@@ -288,7 +282,10 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     replicas = lo.replicas                                      # ranks reducing gradients together
 
     # ---- memory of the busiest device
-    params_stage = _stage_params(spec, lo.pp, vp) / lo.tp
+    # parameters of the fuller stage before the last and of the last; the larger sets the step's
+    # gradient and optimizer traffic
+    body, head = (n / lo.tp for n in _stage_param_split(spec, lo.pp, vp))
+    params_stage = max(body, head)
     acts = mem.activation_bytes_per_device(
         spec, seq_len=seq_local, micro_batch=lo.micro_batch, n_micro=n_micro, tp=lo.tp, pp=lo.pp,
         sequence_parallel=lo.sequence_parallel, recompute=lo.recompute, attention=s.attention,
@@ -298,8 +295,6 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     if lo.pp > 1:
         # the busiest device is a stage before the last (most micro-batches in flight, the
         # embedding on the first) or the last (the output layer and the logits, one micro-batch)
-        body, head = (n / lo.tp for n in _stage_param_split(spec, lo.pp, vp))
-
         def held(params: float, activations: float) -> float:
             return sum(mem.model_state_bytes(params, prec, zero_stage=lo.zero_stage, dp=lo.shard_degree).values()) \
                 + activations

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from tensorpilot.errors import ConfigError, PathError
 from tensorpilot.files import existing_path, os_reason
+from tensorpilot.layout import SHARDINGS
 from tensorpilot.plan import calibration as cal
 from tensorpilot.plan import memory as mem
 from tensorpilot.plan.models import ModelSpec
@@ -433,8 +434,6 @@ def _grad_reduce_overlapped(row, sharding: str) -> bool:
     """False for DeepSpeed's engine below ZeRO-3 (its own runs and Megatron-DeepSpeed's): its
     overlap_comm defaults to false there, so gradients are reduced after backward (DeepSpeed's
     config docs; ZeRO-3 defaults it to true), unless the notes turn overlap_comm on."""
-    from tensorpilot.layout import SHARDINGS
-
     notes = _text(row, "flops_convention").lower()
     # DeepSpeed named by the source, or by notes that do not name NVIDIA's own stack (an NVIDIA
     # NeMo run's notes may cite a Megatron-DeepSpeed script for the model's shape)
@@ -686,7 +685,7 @@ def _best_layout_plan(row, spec: ModelSpec, acc, setup):
 
 def _predict(row, result: RowResult) -> float | None:
     from tensorpilot.hardware import catalog
-    from tensorpilot.plan.predict import SHARDINGS, predict
+    from tensorpilot.plan.predict import predict
 
     _check_shape(row)
     _check_sizes(row)
