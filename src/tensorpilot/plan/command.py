@@ -117,8 +117,8 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="Grid carbon intensity in g CO2/kWh for the CO2 estimate (default: 400).")
     c.add_argument("--goodput", type=float, default=None, metavar="FRACTION",
                    help="Share of wall-clock that trains, after restarts, checkpoints and evaluation, for "
-                        "time, device-hours, cost and energy (default: 0.9, calibration.GOODPUT; 1 = steady "
-                        "state).")
+                        "time, device-hours, cost and energy (default: what interruptions leave at Llama 3's "
+                        "measured rate, 0.90 on 16,384 devices, ~1 on one node; 1 = steady state).")
     s = p.add_argument_group("search")
     s.add_argument("--search", action="store_true",
                    help="Enumerate tp/pp/dp(/cp from 16k-token sequences)/micro-batch/recompute/sharding for --gpus devices, drop invalid "
@@ -229,7 +229,7 @@ def _setup(args, spec, replicas: int):
                       price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
                       else cal.DEFAULT_GRID_G_PER_KWH,
-                      goodput=args.goodput if args.goodput is not None else cal.GOODPUT)
+                      goodput=args.goodput)
 
 
 def accelerator(args, default: str = DEFAULT_GPU):
@@ -338,7 +338,7 @@ def _print_plan(plan, spec, setup) -> None:
                "TFLOP/s" if plan.mfu is not None else "n/a")
     if plan.time_to_train_s is not None:
         tt.add_row("time to train", f"{_duration(plan.time_to_train_s)} ({plan.gpu_hours:,.0f} device-hours; "
-                   f"{setup.goodput:.0%} goodput)")
+                   f"{plan.goodput:.2%} goodput)")
         tt.add_row("cost", f"${plan.cost_usd:,.0f} at ${plan.price_per_gpu_hour:,.2f}/device-hour"
                    if plan.cost_usd is not None else "n/a (no price: --price-per-hour)")
         if plan.energy_kwh is not None:

@@ -48,7 +48,7 @@ class TrainSetup:
     tokens: float | None = None           # tokens to train, for time / cost / energy
     price_per_hour: float | None = None   # USD per device-hour; default: the catalog's price
     grid_g_per_kwh: float = cal.DEFAULT_GRID_G_PER_KWH
-    goodput: float = cal.GOODPUT          # share of wall-clock that trains (restarts, checkpoints)
+    goodput: float | None = None          # share of wall-clock that trains; None: cal.goodput(devices)
 
     def __post_init__(self) -> None:
         check_count("seq_len", self.seq_len, MAX_SEQ_LEN)
@@ -58,7 +58,8 @@ class TrainSetup:
         if self.price_per_hour is not None:
             check_number("price_per_hour", self.price_per_hour, MAX_PRICE_PER_HOUR)
         check_number("grid_g_per_kwh", self.grid_g_per_kwh, MAX_GRID_G_PER_KWH)
-        check_number("goodput", self.goodput, 1.0, above_low=True)
+        if self.goodput is not None:
+            check_number("goodput", self.goodput, 1.0, above_low=True)
         if self.kernels not in tm.KERNELS:
             raise ConfigError(f"kernels must be one of {', '.join(tm.KERNELS)}, not {self.kernels!r}.")
         if self.grad_dtype is not None and self.grad_dtype not in mem.GRAD_DTYPES:
@@ -66,6 +67,10 @@ class TrainSetup:
         if self.fp8_recipe not in cal.FP8_RECIPES:
             raise ConfigError(f"fp8_recipe must be one of {', '.join(cal.FP8_RECIPES)}, not {self.fp8_recipe!r}.")
 
+
+    def goodput_on(self, n_devices: int) -> float:
+        """The stated goodput, or the one interruptions leave on ``n_devices`` (calibration.goodput)."""
+        return self.goodput if self.goodput is not None else cal.goodput(n_devices)
 
 @dataclass(slots=True, kw_only=True)
 class Plan:
@@ -89,6 +94,7 @@ class Plan:
     hfu: float | None
     peak_flops_per_s: float | None
     time_to_train_s: float | None = None
+    goodput: float | None = None          # the share of wall-clock that trains, in time_to_train_s
     gpu_hours: float | None = None
     price_per_gpu_hour: float | None = None
     cost_usd: float | None = None
@@ -478,8 +484,9 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     price = hourly_price(s, acc)
     plan.price_per_gpu_hour = price
     if s.tokens:
-        # steady-state steps over the share of wall-clock that trains (calibration.GOODPUT)
-        plan.time_to_train_s = s.tokens / plan.tokens_per_s / s.goodput
+        # steady-state steps over the share of wall-clock that trains (calibration.goodput)
+        plan.goodput = s.goodput_on(n_dev)
+        plan.time_to_train_s = s.tokens / plan.tokens_per_s / plan.goodput
         plan.gpu_hours = plan.time_to_train_s * n_dev / 3600
         plan.cost_usd = plan.gpu_hours * price if price is not None else None
         if power:

@@ -221,7 +221,7 @@ def cheapest_for_deadline(spec: ModelSpec, tokens: float, deadline_s: float, set
             res = search(spec, acc, n, setup, top=1)
             if res.ranked:
                 plan = res.ranked[0]
-                train_s = tokens / plan.tokens_per_s / setup.goodput
+                train_s = tokens / plan.tokens_per_s / setup.goodput_on(n)
                 if train_s <= deadline_s:
                     cost = train_s / 3600 * n * price
                     if best is not None:           # one doubling past the first success, then stop
@@ -231,7 +231,8 @@ def cheapest_for_deadline(spec: ModelSpec, tokens: float, deadline_s: float, set
             n *= 2
         if best is not None:
             plan, cost = best
-            plan.time_to_train_s = tokens / plan.tokens_per_s / setup.goodput
+            plan.goodput = setup.goodput_on(plan.n_devices)
+            plan.time_to_train_s = tokens / plan.tokens_per_s / plan.goodput
             plan.gpu_hours = plan.time_to_train_s * plan.n_devices / 3600
             plan.price_per_gpu_hour = price
             plan.cost_usd = cost

@@ -22,7 +22,7 @@ How a row becomes a prediction, with every rule stated (none is per row):
   torch.autocast; 'bf16' (torchtitan FSDP2 mixed precision) -> autocast-like; 'fp8' -> fp8
   GEMMs; 'fsdp(dp)', 'fully sharded', 'zero-3' -> fsdp; 'hsdp' -> fsdp within a node.
 - totals (gpu_hours, time_to_train, energy) need the row's training ``tokens`` and include the
-  goodput (calibration.GOODPUT) unless the notes say the time adds up training steps only; a
+  goodput (calibration.goodput of n_gpus) unless the notes say the time adds up training steps only; a
   blank dp is n_gpus / (tp x pp x cp); context parallelism is read from 'cp=N' in flops_convention.
 - units: GB = 1e9 bytes (papers' arithmetic); MB = MiB, 2^20 bytes (what nvidia-smi, PyTorch
   and accelerate print under that name); GiB = 2^30; % for MFU; GPU-hours, s/min/h/days, kWh/MWh.
@@ -444,11 +444,11 @@ def _grad_reduce_overlapped(row, sharding: str) -> bool:
     return bool(_switch(row, r"overlap comm"))
 
 
-def _goodput(row) -> float:
+def _goodput(row) -> float | None:
     """The share of wall-clock that trained, for totals: 1 where the published time adds up
-    training steps only (_STEPS_ONLY), calibration.GOODPUT (restarts, checkpoint stalls and
-    evaluation included) otherwise."""
-    return 1.0 if _STEPS_ONLY.search(_text(row, "flops_convention").lower()) else cal.GOODPUT
+    training steps only (_STEPS_ONLY), None otherwise: what interruptions leave on the row's
+    devices (calibration.goodput)."""
+    return 1.0 if _STEPS_ONLY.search(_text(row, "flops_convention").lower()) else None
 
 
 def _source_names(row, names) -> bool:
