@@ -978,17 +978,18 @@ def test_a_nemo_row_that_switches_its_recipe_defaults_off():
     assert stated.sharding == "none" and not stated.sequence_parallel and not stated.overlap_comm
 
 
-@pytest.mark.parametrize("key,mamf_tflops,theory_tflops", [
-    ("mi250x-gcd", 147.0, 191.5),                                # stas00/ml-engineering MAMF table, a GCD
+@pytest.mark.parametrize("key,precision,mamf_tflops,theory_tflops", [
+    ("mi250x-gcd", "bf16", 147.0, 191.5),                        # stas00/ml-engineering MAMF table, a GCD
+    ("v100-sxm2-32gb", "fp16", 83.0, 125.0),                     # Markidis et al. 2018, cuBLAS on tensor cores
 ])
-def test_measured_gemm_fractions_of_more_parts(key, mamf_tflops, theory_tflops):
+def test_measured_gemm_fractions_of_more_parts(key, precision, mamf_tflops, theory_tflops):
     from tensorpilot.plan import calibration as cal
     from tensorpilot.plan.predict import device_rates
 
     acc = catalog.get(key)
     fraction = round(mamf_tflops / theory_tflops, 2)
-    assert device_rates(acc, "bf16").matmul_flops_per_s == pytest.approx(
-        acc.peak_flops_per_s("bf16") * cal.SUSTAINED_COMPUTE_FRACTION * fraction)
+    assert device_rates(acc, precision).matmul_flops_per_s == pytest.approx(
+        acc.peak_flops_per_s(precision) * cal.SUSTAINED_COMPUTE_FRACTION * fraction)
 
 
 # ---------------------------------------------------------------- partial (block) recomputation

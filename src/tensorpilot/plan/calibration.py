@@ -24,10 +24,14 @@ from __future__ import annotations
 # (GEMM_HALF_DEPTH_PER_BALANCE_BY_PART): 0.63 x (4096 + 239) / 4096 = 0.67 bf16, 0.61 x (4096 +
 # 478) / 4096 = 0.68 e4m3. GB200 is the same sm_100 silicon at a higher power limit: its B200
 # fractions are ASSUMED. B300/GB300 (sm_103) are not in the table: default.
+# V100 (Volta): cuBLAS GEMMs on the tensor cores "deliver up to 83 Tflops/s in mixed precision" of
+# the 125 peak (Markidis et al. 2018, NVIDIA Tensor Core Programmability, Performance & Precision,
+# IPDPSW, arXiv 1803.04014, abstract; CUDA 9 cuBLAS): 0.66. It also stands for Volta's fp32 GEMMs
+# (the same paper's SGEMM, ~1/7 of that, is 0.76 of 15.7), which few runs use.
 MAMF_FRACTION: dict[str, float] = {
     "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
     "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.67, "gb200": 0.67,
-    "mi250x-gcd": 0.77,
+    "mi250x-gcd": 0.77, "v100-sxm2-32gb": 0.66,
 }
 # Devices without a measurement: an ASSUMED fraction between the measured NVIDIA parts.
 DEFAULT_MAMF_FRACTION = 0.80
