@@ -304,6 +304,28 @@ def test_an_nvlink_rack_keeps_a_64_gpu_group_on_nvlink():
     assert tm.group_link(slow, 64, 1)[0] == 8 * slow.internode_bytes_per_s
 
 
+def test_a_bridged_pcie_pair_talks_over_pcie_beyond_the_bridge(tmp_path, monkeypatch):
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    pcie = device_rates(catalog.get("a100-pcie-80gb"), "bf16")
+    bridge, gen4 = 600e9 / 2 * 0.8, 64e9 / 2 * 0.8          # both directions -> one, x LINK_BW_FRACTION
+    assert tm.group_link(pcie, 2, 1) == (bridge, cal.ALPHA_INTRA_S)     # the NVLink-bridged pair
+    assert tm.group_link(pcie, 4, 1) == (gen4, cal.ALPHA_INTRA_S)       # DDP over 4 cards: PCIe
+    assert tm.group_link(pcie, 2, 2)[0] == gen4                         # pairs of a tp=2 layout
+    assert tm.group_link(pcie, 16, 1) == (gen4, cal.ALPHA_INTER_S)      # two hosts: still PCIe-bound
+    # a user's 4-way bridged board says so in a hardware file
+    f = tmp_path / "nvl4.toml"
+    f.write_text('[accelerator.h200-nvl-4way]\nbase = "h200-nvl"\nlink_domain_gpus = 4\n'
+                 'aliases = ["H200 NVL 4-way"]\n')
+    monkeypatch.setattr(catalog, "_OVERLAY", None)
+    catalog.load_hardware_file(str(f))
+    four = device_rates(catalog.get("h200-nvl-4way"), "bf16")
+    assert tm.group_link(four, 4, 1)[0] == 900e9 / 2 * 0.8
+    assert tm.group_link(four, 8, 1)[0] == 128e9 / 2 * 0.8
+
+
 def test_a_group_across_nodes_uses_one_nic_per_rank_on_each_node():
     from tensorpilot.plan import timing as tm
     from tensorpilot.plan.predict import device_rates

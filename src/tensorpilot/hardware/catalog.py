@@ -98,6 +98,9 @@ class Accelerator:
     # devices that share the scale-up link (one NVLink / Infinity Fabric domain); None: a board
     # of calibration.GPUS_PER_NODE. GB200/GB300 NVL72 racks: 72 GPUs on one NVLink switch fabric.
     link_domain_gpus: int | None = None
+    # PCIe slot bandwidth (both directions) of a part whose link joins fewer devices than its host
+    # holds (NVLink-bridged PCIe cards): groups beyond the bridge talk over PCIe
+    host_link_gb_per_s: float | None = None
 
     def peak_tflops(self, dtype: str) -> float | None:
         """Dense datasheet peak at ``dtype`` in 1e12 ops/s ('int8': integer ops), None if unpublished."""

@@ -123,15 +123,17 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
                               mem_bytes_per_s=half.mem_bytes_per_s, link_bytes_per_s=half.link_bytes_per_s,
                               internode_bytes_per_s=half.internode_bytes_per_s,
                               attention_flops_per_s=half.attention_flops_per_s, gpus_per_node=half.gpus_per_node,
+                              host_link_bytes_per_s=half.host_link_bytes_per_s,
                               gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, cal.calibration_key(acc)))
     link = (acc.link_gb_per_s or 32) * 1e9 / 2 * cal.LINK_BW_FRACTION          # both directions -> one
+    host = acc.host_link_gb_per_s * 1e9 / 2 * cal.LINK_BW_FRACTION if acc.host_link_gb_per_s else None
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
     return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(cal.calibration_key(acc)),
                           mem_bytes_per_s=(acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.MEMORY_BW_FRACTION,
                           link_bytes_per_s=link, internode_bytes_per_s=net,
                           attention_flops_per_s=sustained * cal.flash_attention_fraction(cal.calibration_key(acc)),
-                          gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE,
+                          gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE, host_link_bytes_per_s=host,
                           gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, cal.calibration_key(acc)))
 
 

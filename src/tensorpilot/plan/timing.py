@@ -46,8 +46,9 @@ class DeviceRates:
     link_bytes_per_s: float          # intra-node collective bus bandwidth per device, one direction
     internode_bytes_per_s: float     # scale-out bandwidth per device, one direction
     attention_flops_per_s: float     # fused (flash) attention, forward + backward
-    gpus_per_node: int = cal.GPUS_PER_NODE
+    gpus_per_node: int = cal.GPUS_PER_NODE   # devices the intra-node link joins
     gemm_half_depth: float = 64.0    # reduction depth K at which a GEMM runs at half its large-GEMM rate
+    host_link_bytes_per_s: float | None = None   # PCIe beyond a bridged pair, one direction
 
 
 def gemm_time_s(m: int, k: int, n: int, rates: DeviceRates, elem_bytes: float, batch: float = 1) -> float:
@@ -104,6 +105,13 @@ def group_link(rates: DeviceRates, size: int, stride: int) -> tuple[float, float
     link still bounds it."""
     if size * stride <= rates.gpus_per_node:
         return rates.link_bytes_per_s, cal.ALPHA_INTRA_S
+    if rates.host_link_bytes_per_s is not None:
+        # a bridged pair of PCIe cards: beyond the bridge the group's ring runs over PCIe, inside
+        # a host of GPUS_PER_NODE cards and on to the NICs (which hang off the same slots)
+        if size * stride <= cal.GPUS_PER_NODE:
+            return rates.host_link_bytes_per_s, cal.ALPHA_INTRA_S
+        k = max(1, min(size, cal.GPUS_PER_NODE // stride))
+        return min(rates.host_link_bytes_per_s, k * rates.internode_bytes_per_s), cal.ALPHA_INTER_S
     k = max(1, min(size, rates.gpus_per_node // stride))
     return min(rates.link_bytes_per_s, k * rates.internode_bytes_per_s), cal.ALPHA_INTER_S
 
