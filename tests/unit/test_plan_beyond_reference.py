@@ -1003,6 +1003,10 @@ def test_a_nemo_row_that_switches_its_recipe_defaults_off():
 @pytest.mark.parametrize("key,precision,mamf_tflops,theory_tflops", [
     ("mi250x-gcd", "bf16", 147.0, 191.5),                        # stas00/ml-engineering MAMF table, a GCD
     ("v100-sxm2-32gb", "fp16", 83.0, 125.0),                     # Markidis et al. 2018, cuBLAS on tensor cores
+    ("mi325x", "bf16", 784.9, 1307.4),                           # the MAMF table's 2026 edition
+    ("mi355x", "bf16", 1565.0, 2516.6),
+    ("gaudi2", "bf16", 418.7, 432.0),
+    ("gaudi3", "bf16", 1243.0, 1835.0),
 ])
 def test_measured_gemm_fractions_of_more_parts(key, precision, mamf_tflops, theory_tflops):
     from tensorpilot.plan import calibration as cal
