@@ -89,6 +89,7 @@ def test_inference_and_hf_config(tmp_path):
     (["validate", "/no/such.csv"], "does not exist"),
     (["--deadline", "14d"], "needs --tokens"),
     (["--tokens", "1e12", "--goodput", "1.5"], "--goodput must be above 0 and at most 1"),
+    (["--gpu", "h100-sxm", "--precision", "fp4"], "h100-sxm has no published fp4 peak"),
 ])
 def test_bad_input_is_one_sentence(args, needle, tmp_path):
     proc = run_cli("plan", *args, cwd=tmp_path)

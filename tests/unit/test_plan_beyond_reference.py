@@ -124,10 +124,45 @@ def test_fp8_plan_memory_and_time():
         assert fp8.memory_bytes[k] == half.memory_bytes[k]
     assert fp8.memory_bytes["buffers"] - half.memory_bytes["buffers"] == pytest.approx(
         2 * spec.layers * spec.layer_params)
-    assert fp8.time_breakdown_s["fp8_casts"] > 0
+    assert fp8.time_breakdown_s["casts"] > 0
     assert 1.1 < half.step_time_s / fp8.step_time_s < 2.0       # GEMMs at twice the peak, the rest bf16
     with pytest.raises(ConfigError, match="no published fp8 peak"):
         predict(spec, catalog.get("a100-sxm4-80gb"), lo, TrainSetup(seq_len=4096, global_batch=16, precision="fp8"))
+
+
+def test_fp4_plan_memory_rates_and_casts_by_hand():
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.flops import layer_gemms
+    from tensorpilot.plan.predict import device_rates
+
+    spec, acc = get_model("llama3-8b"), catalog.get("b200")
+    lo = Layout(dp=8)
+    fp8 = predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=16, precision="fp8"))
+    fp4 = predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=16, precision="fp4"))
+    q = 0.5 + 1 / 16                 # NVFP4: E2M1 values + one E4M3 scale per 16 elements
+    for k in ("params", "grads", "master_params", "optimizer"):
+        assert fp4.memory_bytes[k] == fp8.memory_bytes[k]
+    # the cached weight and its transpose: 2 x q bytes a block parameter instead of fp8's 2 x 1
+    assert fp8.memory_bytes["buffers"] - fp4.memory_bytes["buffers"] == pytest.approx(
+        spec.layers * spec.layer_params * (2 - 2 * q))
+    # block GEMMs at the fp4 peak x sustained x the part's fp8 GEMM fraction (no fp4 measurement)
+    rates = device_rates(acc, "fp4")
+    assert rates.matmul_flops_per_s == pytest.approx(9000e12 * cal.SUSTAINED_COMPUTE_FRACTION * 0.68)
+    assert rates.attention_flops_per_s == device_rates(acc, "bf16").attention_flops_per_s
+    # casts: input and output gradient quantised twice each (row-wise; column-wise after the
+    # Hadamard transform), read 2 bytes, write q: 2 (2 + q) (m k + m n) per GEMM, 32 blocks, 2
+    # micro-batches of one 4096-token sequence (16 sequences over 8 replicas)
+    tokens = 4096
+    per_layer = sum(2 * (2 + q) * (g.m * g.k + g.m * g.n) for g in layer_gemms(spec, tokens, 1))
+    assert fp4.time_breakdown_s["casts"] == pytest.approx(2 * 32 * per_layer / rates.mem_bytes_per_s)
+    assert fp4.step_time_s < fp8.step_time_s
+    with pytest.raises(ConfigError, match="no published fp4 peak"):
+        predict(spec, catalog.get("h100-sxm"), lo, TrainSetup(seq_len=4096, global_batch=16, precision="fp4"))
+
+
+@pytest.mark.parametrize("label", ["NVFP4", "nvfp4", "MXFP4", "fp4", "FP4 (NVFP4 recipe)"])
+def test_fp4_labels_read_as_the_fp4_recipe(label):
+    assert mem.precision_from_label(label) == "fp4"
 
 
 # ------------------------------------------------------------------ hybrid sharding, totals

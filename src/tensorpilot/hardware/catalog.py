@@ -54,11 +54,12 @@ __all__ = [
 # dtype -> catalog field holding its dense peak, in 1e12 ops/s (int8 in integer ops, the rest FLOPs)
 PEAK_FIELDS: Mapping[str, str] = MappingProxyType({
     "fp32": "fp32_tflops", "tf32": "tf32_tflops", "bf16": "bf16_tflops",
-    "fp16": "fp16_tflops", "fp8": "fp8_tflops", "int8": "int8_tops",
+    "fp16": "fp16_tflops", "fp8": "fp8_tflops", "fp4": "fp4_tflops", "int8": "int8_tops",
 })
 _DTYPE_SYNONYMS = {
     "float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
     "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
+    "nvfp4": "fp4", "mxfp4": "fp4", "float4_e2m1fn_x2": "fp4", "e2m1": "fp4",
 }
 
 
@@ -81,6 +82,7 @@ class Accelerator:
     bf16_tflops: float | None = None
     fp16_tflops: float | None = None
     fp8_tflops: float | None = None
+    fp4_tflops: float | None = None            # block-scaled 4-bit (NVFP4 / MXFP4) tensor rate
     int8_tops: float | None = None             # 1e12 integer ops/s
     mem_gb: float | None = None                # vendor capacity figure
     mem_bw_gb_per_s: float | None = None       # 1e9 bytes/s

@@ -210,6 +210,10 @@ def calibration_key(acc) -> str:
 
 
 def mamf_fraction(catalog_key: str | None, dtype: str = "bf16", fp8_recipe: str = "te") -> float:
+    if dtype == "fp4":
+        # no fp4 GEMM measurement is published: the part's fp8 fraction through the same
+        # block-scaled cuBLASLt path (Transformer Engine), ASSUMED
+        dtype, fp8_recipe = "fp8", "te"
     table = MAMF_FRACTION_FP8_SCALED_MM if fp8_recipe == "torchao" else MAMF_FRACTION_FP8
     if dtype == "fp8" and (catalog_key or "") in table:
         return table[catalog_key]

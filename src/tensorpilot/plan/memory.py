@@ -31,7 +31,10 @@ __all__ = ["DTYPE_BYTES", "GRAD_DTYPES", "OPTIMIZER_STATE_BYTES", "PRECISION_LAB
            "precision_from_label", "weights_bytes", "kv_cache_bytes"]
 
 # One table of dtype sizes.
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+# NVFP4: 4-bit E2M1 values with one E4M3 scale per 16 (and an fp32 scale per tensor): 0.5 + 1/16
+# bytes an element (NVIDIA, Pretraining Large Language Models with NVFP4, arXiv 2509.25149, sec. 2)
+NVFP4_BYTES = 0.5 + 1 / 16
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": NVFP4_BYTES, "int8": 1, "int4": 0.5}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,7 @@ class Precision:
     """What a precision recipe stores per parameter and computes in."""
 
     name: str
-    compute: str             # catalog dtype of the matmuls: fp32, tf32, bf16, fp16, fp8
+    compute: str             # catalog dtype of the matmuls: fp32, tf32, bf16, fp16, fp8, fp4
     param_bytes: float       # weights as the model holds them
     grad_bytes: float        # gradients as accumulated
     master_bytes: float      # separate fp32 copy of the weights (0 when params are fp32 already)
@@ -54,7 +57,9 @@ class Precision:
         return self.name in ("bf16-amp", "fp16-amp")
 
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8", "fp4")
+# recipes whose block GEMMs run in a scaled low-precision format (the rest of the step stays bf16)
+LOW_PRECISION_GEMMS = ("fp8", "fp4")
 # dtypes gradients can be accumulated and reduced in, whatever the recipe's default (precision())
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -94,9 +99,10 @@ PRECISION_LABELS = {
     **{k: "fp8" for k in ("fp8", "float8", "fp8mixed", "fp8hybrid", "fp8te", "fp8transformerengine", "fp8delayed",
                           "fp8delayedscaling", "fp8currentscaling", "fp8tensorwise", "fp8rowwise", "fp8blockwise",
                           "mxfp8", "fp8bf16", "fp8e4m3", "fp8torchao", "torchaofloat8", "fp8mixedprecision")},
+    **{k: "fp4" for k in ("fp4", "nvfp4", "mxfp4", "fp4e2m1", "nvfp4blockscaling", "fp4mixed", "nvfp4mixed")},
 }
 # substrings tried in order when a label is not known whole ("FP16 mixed with AdamW" -> fp16-amp)
-_PRECISION_NEEDLES = (("fp8", "fp8"), ("float8", "fp8"), ("fp16 mixed adamw", "fp16-amp"), ("bf16 amp", "bf16-amp"),
+_PRECISION_NEEDLES = (("fp4", "fp4"), ("fp8", "fp8"), ("float8", "fp8"), ("fp16 mixed adamw", "fp16-amp"), ("bf16 amp", "bf16-amp"),
                       ("bf16 pure", "bf16-pure"), ("fp16 mixed", "fp16"), ("bf16 mixed", "bf16"),
                       ("tf32", "tf32"), ("fp32", "fp32"), ("bf16", "bf16-amp"), ("fp16", "fp16"))
 
@@ -142,7 +148,10 @@ def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float |
     Adam states too), 'fp8' (Transformer Engine's recipe: bf16 weights with an fp32 master, fp8
     GEMMs, each block weight cached in fp8 with its transpose -- Hopper's fp8 GEMM takes only the
     TN layout --, GEMM inputs saved for backward in fp8; attention, norms and communication in
-    bf16; fp32 gradients as under bf16). ``state_bytes_per_param`` overrides the optimizer's table
+    bf16; fp32 gradients as under bf16), 'fp4' (the NVFP4 recipe, NVIDIA arXiv 2509.25149 and
+    Transformer Engine's NVFP4BlockScaling: the same with block GEMMs in NVFP4 -- each weight cached
+    with its 16 x 16-block-scaled transpose, GEMM inputs saved in NVFP4, NVFP4_BYTES an element).
+    ``state_bytes_per_param`` overrides the optimizer's table
     figure (Adafactor from the model's shapes); ``grad_dtype`` the dtype gradients are accumulated
     and reduced in (Megatron's --grad-reduce-in-bf16, NeMo's grad_reduce_in_fp32=False)."""
     if grad_dtype is not None:
@@ -170,6 +179,8 @@ def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float |
         return Precision(name, "bf16", 2, 2, 0, st / 2 if optimizer in ("adam", "adamw", "sgd") else st, 2, 0)
     if name == "fp8":
         return Precision(name, "fp8", 2, 4, 4, st, 2, 2, gemm_input_bytes=1)
+    if name == "fp4":
+        return Precision(name, "fp4", 2, 4, 4, st, 2, 2 * NVFP4_BYTES, gemm_input_bytes=NVFP4_BYTES)
     raise ConfigError(f"unknown precision {name!r}; use one of {', '.join(PRECISIONS)}.")
 
 

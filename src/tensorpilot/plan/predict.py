@@ -112,14 +112,15 @@ class Plan:
 def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -> tm.DeviceRates:
     """Achievable rates in ``compute_dtype``. fp8 runs only the weight GEMMs in fp8, at the GEMM
     fraction of ``fp8_recipe``'s path (calibration.FP8_RECIPES): fused attention stays bf16
-    (Transformer Engine's and torchao's default recipes), so its rate comes from the bf16 peak."""
+    (Transformer Engine's and torchao's default recipes), so its rate comes from the bf16 peak.
+    fp4 (NVFP4 / MXFP4) likewise, at the fp4 peak."""
     peak = acc.peak_flops_per_s(compute_dtype)
     if not peak:
         raise ConfigError(f"{acc.key} has no published {compute_dtype} peak; choose another --precision.")
-    if compute_dtype == "fp8":
+    if compute_dtype in mem.LOW_PRECISION_GEMMS:
         half = device_rates(acc, "bf16")
         return tm.DeviceRates(matmul_flops_per_s=peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
-                              * cal.mamf_fraction(cal.calibration_key(acc), "fp8", fp8_recipe),
+                              * cal.mamf_fraction(cal.calibration_key(acc), compute_dtype, fp8_recipe),
                               mem_bytes_per_s=half.mem_bytes_per_s, link_bytes_per_s=half.link_bytes_per_s,
                               internode_bytes_per_s=half.internode_bytes_per_s,
                               attention_flops_per_s=half.attention_flops_per_s, gpus_per_node=half.gpus_per_node,
@@ -279,8 +280,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     prec = mem.precision(s.precision, s.optimizer, state_bytes_per_param=state, grad_dtype=s.grad_dtype)
     e = prec.act_bytes
     rates = device_rates(acc, prec.compute, s.fp8_recipe)
-    fp8 = prec.compute == "fp8"
-    head_rates = device_rates(acc, "bf16") if fp8 else rates     # the output layer stays bf16 (TE, NeMo)
+    lowp = prec.compute in mem.LOW_PRECISION_GEMMS                 # fp8 / fp4 block GEMMs
+    head_rates = device_rates(acc, "bf16") if lowp else rates    # the output layer stays bf16 (TE, NeMo)
     n_micro = s.global_batch // (lo.dp * lo.micro_batch)        # micro-batches per replica per step
     vp = lo.virtual_stages if lo.schedule == "interleaved" else 1
     first, middle, last = mem.stage_layers(spec.layers, lo.pp, vp)
@@ -322,9 +323,9 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     elif replicas > 1:          # DDP/ZeRO gradient buckets (25 MB default, two in flight)
         buffers += 2 * 25 * 2**20
     # autocast keeps a half copy of each weight it used until forward ends (FSDP: of gathered
-    # blocks); fp8 recipes cache the fp8 weight and its transpose of every block GEMM
+    # blocks); fp8 / fp4 recipes cache the low-precision weight and its transpose of every block GEMM
     copied_params = gathered * spec.layer_params / lo.tp if lo.zero_stage == 3 else \
-        (layers_stage * spec.layer_params / lo.tp if fp8 else params_stage)
+        (layers_stage * spec.layer_params / lo.tp if lowp else params_stage)
     buffers += prec.weight_copy_bytes * copied_params
     allocated = sum(states.values()) + held_acts + held_logits + buffers
     memory_bytes = {**states, "activations": held_acts, "logits_and_loss": held_logits,
@@ -372,10 +373,17 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # fp8 scaling: every GEMM input is cast to fp8 with its amax (read e, write 1 byte) in forward,
     # the output gradient likewise in backward, and the saved fp8 input transposed for the
     # weight gradient (Hopper's fp8 GEMM is TN-only: read 1, write 1); block weights are cast
-    # and transposed once per step (cached across micro-batches), added below with the optimizer
+    # and transposed once per step (cached across micro-batches), added below with the optimizer.
+    # NVFP4 quantises the input and the output gradient twice each (row-wise for the forward and
+    # input-gradient GEMMs; column-wise after a 16-point random Hadamard transform for the weight
+    # gradient, arXiv 2509.25149 sec. 4): read e, write q, twice, for both.
     cast_layer_s = 0.0
-    if fp8:
+    if prec.compute == "fp8":
         cast_layer_s = sum((e + 1 + 2) * g.m * g.k + (e + 1) * g.m * g.n
+                           for g in layer_gemms(spec, tokens_micro, lo.tp)) / rates.mem_bytes_per_s
+    elif prec.compute == "fp4":
+        q = prec.gemm_input_bytes
+        cast_layer_s = sum(2 * (e + q) * (g.m * g.k + g.m * g.n)
                            for g in layer_gemms(spec, tokens_micro, lo.tp)) / rates.mem_bytes_per_s
     # the busiest stage sets the pipeline's pace: the last (its blocks + the output layer) or,
     # where the output layer took a block's place, a fuller stage before it
@@ -445,8 +453,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     opt_params = params_stage / (shard if lo.zero_stage >= 1 else 1)
     opt_bytes = opt_params * (prec.grad_bytes + 2 * (prec.master_bytes or prec.param_bytes)
                               + 2 * prec.optim_bytes + (prec.param_bytes if prec.master_bytes else 0))
-    if fp8:                     # block weights cast to fp8 and transposed once a step: read 2, write 1 + 1
-        opt_bytes += layers_stage * spec.layer_params / lo.tp * 4
+    if lowp:                    # block weights cast and transposed once a step: read 2, write 2 copies
+        opt_bytes += layers_stage * spec.layer_params / lo.tp * (2 + prec.weight_copy_bytes)
     optimizer_s = opt_bytes / rates.mem_bytes_per_s
 
     pipe_s = tm.pipeline_time_s(stage_micro_s, lo.pp, n_micro, lo.schedule, lo.virtual_stages)
@@ -462,7 +470,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         "pipeline_bubble": pipe_s - n_micro * stage_micro_s,
         "pp_comm": n_micro * (stage_micro_s - fwd_s - bwd_s - layers_stage * (tp_comm_s + cp_comm_s) - head_s - cast_s),
         "cp_comm": n_micro * layers_stage * cp_comm_s,
-        "fp8_casts": n_micro * cast_s,
+        "casts": n_micro * cast_s,
         "dp_comm_exposed": dp_exposed,
         "optimizer": optimizer_s,
     }
@@ -506,7 +514,7 @@ def hourly_price(setup: TrainSetup, acc: Accelerator) -> float | None:
 
 def DTYPE_COMPUTE_BYTES(prec: mem.Precision) -> float:  # noqa: N802 - reads like the table it is
     """Bytes of a weight in the compute dtype (what FSDP gathers, what autocast copies)."""
-    return mem.DTYPE_BYTES["bf16" if prec.compute == "fp8" else prec.compute]
+    return mem.DTYPE_BYTES["bf16" if prec.compute in mem.LOW_PRECISION_GEMMS else prec.compute]
 
 
 # ------------------------------------------------------------------------------ inference sizing

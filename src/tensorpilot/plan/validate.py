@@ -508,7 +508,7 @@ def _grad_dtype(row, precision: str) -> str | None:
         return "bf16"
     if re.search(r"grad-sync-dtype(=|:)?fp32|grad-reduce-in-fp32(=|:)?true|accumulate-allreduce-grads-in-fp32", flags):
         return "fp32"
-    if precision in ("bf16", "fp8") and _source_names(row, _MEGATRON_RECIPE_SOURCES):
+    if precision in ("bf16", "fp8", "fp4") and _source_names(row, _MEGATRON_RECIPE_SOURCES):
         return "bf16"
     return None
 
