@@ -361,6 +361,15 @@ def test_a_bridged_pcie_pair_talks_over_pcie_beyond_the_bridge(tmp_path, monkeyp
     assert tm.group_link(four, 8, 1)[0] == 128e9 / 2 * 0.8
 
 
+def test_a_gh200_node_joins_four_gpus_on_nvlink():
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    gh = device_rates(catalog.get("gh200-96gb"), "bf16")
+    assert tm.group_link(gh, 4, 1)[0] == 900e9 / 2 * 0.8                # tp=4 inside a node: NVLink 4
+    assert tm.group_link(gh, 8, 1)[0] == 4 * gh.internode_bytes_per_s    # two nodes: the 4 NICs of each
+
+
 def test_a_group_across_nodes_uses_one_nic_per_rank_on_each_node():
     from tensorpilot.plan import timing as tm
     from tensorpilot.plan.predict import device_rates
