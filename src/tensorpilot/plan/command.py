@@ -117,7 +117,7 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     c.add_argument("--grid-intensity", type=float, default=None, metavar="G_PER_KWH",
                    help="Grid carbon intensity in g CO2/kWh for the CO2 estimate (default: 400).")
     c.add_argument("--goodput", type=float, default=None, metavar="FRACTION",
-                   help="Share of wall-clock that trains, after restarts, checkpoints and evaluation, for "
+                   help="Share of wall-clock that trains, after restarts and the steps they replay, for "
                         "time, device-hours, cost and energy (default: what interruptions leave at Llama 3's "
                         "measured rate, 0.90 on 16,384 devices, ~1 on one node; 1 = steady state).")
     s = p.add_argument_group("search")

@@ -102,9 +102,10 @@ PRECISION_LABELS = {
     **{k: "fp4" for k in ("fp4", "nvfp4", "mxfp4", "fp4e2m1", "nvfp4blockscaling", "fp4mixed", "nvfp4mixed")},
 }
 # substrings tried in order when a label is not known whole ("FP16 mixed with AdamW" -> fp16-amp)
-_PRECISION_NEEDLES = (("fp4", "fp4"), ("fp8", "fp8"), ("float8", "fp8"), ("fp16 mixed adamw", "fp16-amp"), ("bf16 amp", "bf16-amp"),
-                      ("bf16 pure", "bf16-pure"), ("fp16 mixed", "fp16"), ("bf16 mixed", "bf16"),
-                      ("tf32", "tf32"), ("fp32", "fp32"), ("bf16", "bf16-amp"), ("fp16", "fp16"))
+_PRECISION_NEEDLES = (("fp4", "fp4"), ("fp8", "fp8"), ("float8", "fp8"), ("fp16 mixed adamw", "fp16-amp"),
+                      ("bf16 amp", "bf16-amp"), ("bf16 pure", "bf16-pure"), ("fp16 mixed", "fp16"),
+                      ("bf16 mixed", "bf16"), ("tf32", "tf32"), ("fp32", "fp32"), ("bf16", "bf16-amp"),
+                      ("fp16", "fp16"))
 
 
 def precision_from_label(text: str) -> str:
@@ -151,9 +152,9 @@ def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float |
     bf16; fp32 gradients as under bf16), 'fp4' (the NVFP4 recipe, NVIDIA arXiv 2509.25149 and
     Transformer Engine's NVFP4BlockScaling: the same with block GEMMs in NVFP4 -- each weight cached
     with its 16 x 16-block-scaled transpose, GEMM inputs saved in NVFP4, NVFP4_BYTES an element).
-    ``state_bytes_per_param`` overrides the optimizer's table
-    figure (Adafactor from the model's shapes); ``grad_dtype`` the dtype gradients are accumulated
-    and reduced in (Megatron's --grad-reduce-in-bf16, NeMo's grad_reduce_in_fp32=False)."""
+    ``state_bytes_per_param`` overrides the optimizer's table figure (Adafactor from the model's
+    shapes); ``grad_dtype`` the dtype gradients are accumulated and reduced in (Megatron's
+    --grad-reduce-in-bf16, NeMo's grad_reduce_in_fp32=False)."""
     if grad_dtype is not None:
         if grad_dtype not in GRAD_DTYPES:
             raise ConfigError(f"grad_dtype must be one of {', '.join(GRAD_DTYPES)}, not {grad_dtype!r}.")

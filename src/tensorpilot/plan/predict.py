@@ -67,10 +67,10 @@ class TrainSetup:
         if self.fp8_recipe not in cal.FP8_RECIPES:
             raise ConfigError(f"fp8_recipe must be one of {', '.join(cal.FP8_RECIPES)}, not {self.fp8_recipe!r}.")
 
-
     def goodput_on(self, n_devices: int) -> float:
         """The stated goodput, or the one interruptions leave on ``n_devices`` (calibration.goodput)."""
         return self.goodput if self.goodput is not None else cal.goodput(n_devices)
+
 
 @dataclass(slots=True, kw_only=True)
 class Plan:

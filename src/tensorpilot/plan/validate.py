@@ -22,8 +22,9 @@ How a row becomes a prediction, with every rule stated (none is per row):
   torch.autocast; 'bf16' (torchtitan FSDP2 mixed precision) -> autocast-like; 'fp8' -> fp8
   GEMMs; 'fsdp(dp)', 'fully sharded', 'zero-3' -> fsdp; 'hsdp' -> fsdp within a node.
 - totals (gpu_hours, time_to_train, energy) need the row's training ``tokens`` and include the
-  goodput (calibration.goodput of n_gpus) unless the notes say the time adds up training steps only; a
-  blank dp is n_gpus / (tp x pp x cp); context parallelism is read from 'cp=N' in flops_convention.
+  goodput of the row's devices (calibration.goodput) unless the notes say the time adds up training
+  steps only; a blank dp is n_gpus / (tp x pp x cp); context parallelism is read from 'cp=N' in
+  flops_convention.
 - units: GB = 1e9 bytes (papers' arithmetic); MB = MiB, 2^20 bytes (what nvidia-smi, PyTorch
   and accelerate print under that name); GiB = 2^30; % for MFU; GPU-hours, s/min/h/days, kWh/MWh.
 - a blank recompute in a stated layout: the fastest that fits (none, selective, full; NeMo's and
