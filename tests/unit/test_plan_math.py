@@ -197,6 +197,69 @@ def test_hf_config_head_dim_wider_than_hidden_over_heads(tmp_path):
     assert same.attn_head_dim == 0 and same.n_params == dense.n_params
 
 
+def test_sliding_window_attention_pairs_by_hand():
+    from dataclasses import replace
+
+    from tensorpilot.plan import flops
+
+    base = get_model("llama3-8b")                                     # 32 layers, q_dim 4096
+    spec = replace(base, attention_window=1024, windowed_layers=16)
+    s, w = 4096, 1024
+    # causal: a full block computes s^2 / 2 pairs, a windowed one s w - w^2 / 2 (the first w
+    # queries see fewer keys); half the blocks of each kind
+    full, windowed = s * s / 2, s * w - w * w / 2                     # 8,388,608 and 3,670,016
+    assert flops.attention_core_flops(spec, 1, s, "causal") == 2 * 2 * (full + windowed) / 2 * 4096
+    assert flops.attention_core_flops(spec, 1, s, "full") == 2 * 2 * (s * s + s * w) / 2 * 4096
+    # a window as long as the sequence changes nothing
+    assert flops.attention_core_flops(spec, 2, w, "causal") == flops.attention_core_flops(base, 2, w, "causal")
+    with pytest.raises(ConfigError, match="go together"):
+        replace(base, attention_window=1024)
+    with pytest.raises(ConfigError, match="exceeds"):
+        replace(base, attention_window=1024, windowed_layers=33)
+
+
+def test_a_sliding_window_shortens_long_context_steps_and_caches():
+    from dataclasses import replace
+
+    from tensorpilot.hardware import catalog
+    from tensorpilot.plan.predict import Layout, TrainSetup, predict
+
+    base = get_model("llama3-8b")
+    spec = replace(base, attention_window=4096, windowed_layers=32)
+    acc, lo, setup = catalog.get("h100-sxm"), Layout(dp=8, recompute="full"), TrainSetup(seq_len=32768, global_batch=8)
+    assert predict(spec, acc, lo, setup).step_time_s < 0.7 * predict(base, acc, lo, setup).step_time_s
+    # the KV cache of a windowed block holds the window's latest keys only
+    assert mem.kv_cache_bytes(spec, batch=1, context=32768) == 2 * 32 * 1024 * 4096 * 1 * 2
+    assert mem.kv_cache_bytes(base, batch=1, context=32768) == 8 * mem.kv_cache_bytes(spec, batch=1, context=32768)
+
+
+@pytest.mark.parametrize("extra,window,windowed", [
+    ({"model_type": "mistral", "sliding_window": 4096}, 4096, 32),                    # Mistral 7B v0.1
+    ({"model_type": "mistral", "sliding_window": None}, 0, 0),                        # v0.2 and later
+    ({"model_type": "gemma2", "sliding_window": 4096}, 4096, 16),                     # even blocks windowed
+    ({"model_type": "gemma3_text", "sliding_window": 1024, "sliding_window_pattern": 6}, 1024, 27),
+    ({"model_type": "gemma3_text", "sliding_window": 512,
+      "layer_types": ["sliding_attention"] * 24 + ["full_attention"] * 8}, 512, 24),
+    ({"model_type": "qwen2", "sliding_window": 32768, "use_sliding_window": False}, 0, 0),
+    ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 28}, 4096, 4),
+])
+def test_hf_config_sliding_windows(tmp_path, extra, window, windowed):
+    from tensorpilot.plan.models import model_spec_from_hf_config
+
+    spec = model_spec_from_hf_config(_hf(tmp_path, {**LLAMA_FIELDS, **extra}))
+    # 32 layers: Gemma 3 keeps every 6th block global (5 of them), 27 windowed; Qwen2 windows
+    # the blocks from max_window_layers on
+    assert (spec.attention_window, spec.windowed_layers) == (window, windowed)
+
+
+def test_hf_config_gemma2_mlp_is_gated(tmp_path):
+    from tensorpilot.plan.models import model_spec_from_hf_config
+
+    cfg = {**LLAMA_FIELDS, "model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh",
+           "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 14336}
+    assert model_spec_from_hf_config(_hf(tmp_path, cfg)).mlp == "swiglu"     # GeGLU: gate, up, down
+
+
 def test_hf_config_integral_float_is_a_whole_number(tmp_path):
     # some exporters write 4096.0; it means 4096
     from tensorpilot.plan.models import model_spec_from_hf_config

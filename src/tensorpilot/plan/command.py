@@ -315,12 +315,18 @@ def _print_plan(plan, spec, setup) -> None:
     from rich.table import Table
 
     from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.timing import FUSED_ATTENTION
 
     con = Console(highlight=False)
     lo = plan.layout_detail
     con.print(f"[bold]{spec.name}[/] ({spec.n_params / 1e9:,.2f}B params) on {plan.n_devices} x {plan.hardware}, "
               f"layout [bold]{plan.layout}[/] ({lo.describe()}), seq {setup.seq_len}, global batch "
               f"{setup.global_batch}, {setup.precision}, {setup.attention} attention, {setup.kernels} kernels")
+    if spec.attention_window:
+        con.print(f"sliding-window attention: {spec.windowed_layers} of {spec.layers} blocks see the "
+                  f"latest {spec.attention_window:,} keys"
+                  + ("" if setup.attention in FUSED_ATTENTION else " (materialised scores are full-size: "
+                     "the window saves nothing there)"))
     mt = Table(title="memory per device (busiest)", show_header=False)
     for k, v in plan.memory_bytes.items():
         if k != "total":

@@ -77,12 +77,21 @@ def op_recomputed_gemm_flops(spec: ModelSpec, tokens: int) -> int:
 
 
 def attention_core_flops(spec: ModelSpec, batch: int, seq_len: int, attention: str = "full") -> int:
-    """Forward FLOPs of Q K^T and A V for one layer: 2 x 2 b s^2 (a x head_dim), which is h unless
-    the heads are wider ("causal": half of it)."""
+    """Forward FLOPs of Q K^T and A V for one layer, averaged over the blocks: 2 x 2 b (query, key
+    pairs) (a x head_dim, which is h unless the heads are wider). Pairs: s^2 ("causal": the half a
+    causal kernel computes, s^2 / 2). A block with a sliding window w < s (spec.attention_window)
+    pairs each query with its w latest keys: s w ("causal": s w - w^2 / 2, the first w queries
+    seeing fewer), which is what a windowed flash kernel (FlashAttention-2's window_size) computes."""
     if attention not in _ATTENTION:
         raise ValueError(f"attention convention must be one of {_ATTENTION}, not {attention!r}")
-    full = 2 * 2 * batch * seq_len * seq_len * spec.q_dim
-    return full // 2 if attention == "causal" else full
+    causal = attention == "causal"
+    pairs = seq_len * seq_len / 2 if causal else seq_len * seq_len
+    w = spec.attention_window
+    if w and w < seq_len:
+        windowed = seq_len * w - w * w / 2 if causal else seq_len * w
+        share = spec.windowed_layers / spec.layers
+        pairs = (1 - share) * pairs + share * windowed
+    return round(2 * 2 * batch * pairs * spec.q_dim)
 
 
 def head_flops(spec: ModelSpec, tokens: int) -> int:

@@ -330,5 +330,8 @@ def activation_bytes_per_device(spec: ModelSpec, *, seq_len: int, micro_batch: i
 
 def kv_cache_bytes(spec: ModelSpec, *, batch: int, context: int, dtype_bytes: float = 2) -> float:
     """Keys and values of every layer for ``batch`` sequences of ``context`` tokens:
-    2 (K and V) x L x kv_heads x head_dim x context x batch x bytes."""
-    return 2 * spec.layers * spec.kv_dim * context * batch * dtype_bytes
+    2 (K and V) x L x kv_heads x head_dim x context x batch x bytes. A block with a sliding window
+    keeps only the window's latest keys (Hugging Face's sliding-window cache layers, vLLM)."""
+    windowed = spec.windowed_layers if spec.attention_window and spec.attention_window < context else 0
+    held = (spec.layers - windowed) * context + windowed * spec.attention_window
+    return 2 * spec.kv_dim * held * batch * dtype_bytes

@@ -33,7 +33,8 @@ class UnknownModelError(ConfigError, LookupError):
 _SHAPE_LIMITS = {"hidden": (1, MAX_DIM), "layers": (1, MAX_DIM), "heads": (1, MAX_DIM), "vocab": (1, MAX_DIM),
                  "ffn_hidden": (1, MAX_DIM), "kv_heads": (0, MAX_DIM), "max_seq_len": (1, MAX_SEQ_LEN),
                  "learned_positions": (0, MAX_SEQ_LEN), "extra_params": (0, MAX_DIM**2),
-                 "attn_head_dim": (0, MAX_DIM)}
+                 "attn_head_dim": (0, MAX_DIM), "attention_window": (0, MAX_SEQ_LEN),
+                 "windowed_layers": (0, MAX_DIM)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +59,9 @@ class ModelSpec:
     lm_head: bool = True            # vocabulary logits + loss; False: a small task head (BERT fine-tuning)
     extra_params: int = 0           # parameters outside the blocks/embeddings/head (BERT pooler)
     max_seq_len: int = 2048         # default context of the preset
+    attention_window: int = 0       # sliding-window attention: keys a query sees in windowed blocks; 0 = none
+    windowed_layers: int = 0        # how many of the blocks attend within the window (Mistral: all; Gemma 2:
+                                    # every other one; Gemma 3: 5 of 6); the others attend to the whole sequence
     source: str = ""                # where the shape comes from
 
     def __post_init__(self) -> None:
@@ -69,6 +73,12 @@ class ModelSpec:
             raise ConfigError(f"model {self.name!r}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}.")
         if self.mlp not in ("gelu", "swiglu"):
             raise ConfigError(f"model {self.name!r}: mlp must be 'gelu' or 'swiglu', not {self.mlp!r}.")
+        if self.windowed_layers > self.layers:
+            raise ConfigError(f"model {self.name!r}: windowed_layers {self.windowed_layers} exceeds its "
+                              f"{self.layers} layers.")
+        if bool(self.attention_window) != bool(self.windowed_layers):
+            raise ConfigError(f"model {self.name!r}: attention_window and windowed_layers go together "
+                              "(a window, and the blocks that use it).")
 
     @property
     def head_dim(self) -> int:
@@ -363,7 +373,9 @@ def model_spec_from_hf_config(path: str | Path, *, name: str | None = None) -> M
     if head_dim is None and h % a:
         raise ConfigError(f"{where}: num_attention_heads {a} does not divide hidden_size {h}.")
     act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "gelu").lower()
-    gated = kind in ("llama", "mistral", "qwen2", "gemma", "mixtral") or act in ("silu", "swiglu")
+    act = str(cfg.get("hidden_activation") or act).lower() if kind.startswith("gemma") else act
+    # Gemma's MLP is gated too (GeGLU: gelu_pytorch_tanh on a gate, times an up projection)
+    gated = kind.startswith(("llama", "mistral", "qwen", "gemma", "mixtral")) or act in ("silu", "swiglu")
     f = get.whole("intermediate_size", "n_inner")
     if f is None:              # MPT: expansion_ratio x d_model; GPT-2 leaves n_inner null for 4h
         f = round(get.number("expansion_ratio", 4, minimum=1 / h, maximum=MAX_DIM) * h)
@@ -387,10 +399,36 @@ def model_spec_from_hf_config(path: str | Path, *, name: str | None = None) -> M
     bias = kind in ("gpt2", "bert") or get.flag("attention_bias", False) or get.flag("no_bias", True) is False
     is_bert = kind == "bert"
     wide_heads = head_dim if head_dim is not None and head_dim * a != h else 0
+    window, windowed = _sliding_window(get, kind, L)
     return ModelSpec(name=name or p.parent.name or p.stem, hidden=h, layers=L, heads=a, vocab=V, ffn_hidden=f,
                      kv_heads=kv, attn_head_dim=wide_heads, mlp="swiglu" if gated else "gelu", tied_embeddings=tied,
                      learned_positions=learned, bias=bias, dropout=drop, causal=not is_bert, lm_head=not is_bert,
-                     extra_params=h * h + h if is_bert else 0, max_seq_len=seq, source=f"Hugging Face config {p}")
+                     extra_params=h * h + h if is_bert else 0, max_seq_len=seq, attention_window=window,
+                     windowed_layers=windowed, source=f"Hugging Face config {p}")
+
+
+def _sliding_window(get: _Fields, kind: str, layers: int) -> tuple[int, int]:
+    """(window, windowed blocks) of a config's sliding-window attention, (0, 0) for none: an
+    explicit ``layer_types`` list (newer transformers: "sliding_attention" / "full_attention");
+    Gemma 3's ``sliding_window_pattern`` (every n-th block global); Gemma 2's alternation (even
+    blocks windowed, modeling_gemma2); Qwen2's ``use_sliding_window`` from ``max_window_layers``
+    on; otherwise every block (Mistral v0.1)."""
+    window = get.whole("sliding_window", default=0, minimum=0, maximum=MAX_SEQ_LEN)
+    if not window or get.flag("use_sliding_window", True) is False:
+        return 0, 0
+    types = get.cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == layers and all(isinstance(t, str) for t in types):
+        windowed = sum(t == "sliding_attention" for t in types)
+    elif get.cfg.get("sliding_window_pattern") is not None:
+        every = get.whole("sliding_window_pattern", minimum=1, maximum=MAX_DIM)
+        windowed = layers - layers // every
+    elif kind == "gemma2":
+        windowed = (layers + 1) // 2
+    elif kind.startswith("qwen") and get.cfg.get("max_window_layers") is not None:
+        windowed = layers - min(layers, get.whole("max_window_layers", minimum=0, maximum=MAX_DIM))
+    else:
+        windowed = layers
+    return (window, windowed) if windowed else (0, 0)
 
 
 # fields that give a mixture-of-experts model's expert count (Mixtral, gpt-oss, Llama 4; Qwen-MoE,
