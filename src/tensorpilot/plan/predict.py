@@ -118,14 +118,11 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
     if not peak:
         raise ConfigError(f"{acc.key} has no published {compute_dtype} peak; choose another --precision.")
     if compute_dtype in mem.LOW_PRECISION_GEMMS:
-        half = device_rates(acc, "bf16")
-        return tm.DeviceRates(matmul_flops_per_s=peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
-                              * cal.mamf_fraction(cal.calibration_key(acc), compute_dtype, fp8_recipe),
-                              mem_bytes_per_s=half.mem_bytes_per_s, link_bytes_per_s=half.link_bytes_per_s,
-                              internode_bytes_per_s=half.internode_bytes_per_s,
-                              attention_flops_per_s=half.attention_flops_per_s, gpus_per_node=half.gpus_per_node,
-                              host_link_bytes_per_s=half.host_link_bytes_per_s,
-                              gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, cal.calibration_key(acc)))
+        # everything but the GEMMs runs as under bf16
+        return replace(device_rates(acc, "bf16"),
+                       matmul_flops_per_s=peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
+                       * cal.mamf_fraction(cal.calibration_key(acc), compute_dtype, fp8_recipe),
+                       gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, cal.calibration_key(acc)))
     link = (acc.link_gb_per_s or 32) * 1e9 / 2 * cal.LINK_BW_FRACTION          # both directions -> one
     host = acc.host_link_gb_per_s * 1e9 / 2 * cal.LINK_BW_FRACTION if acc.host_link_gb_per_s else None
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION

@@ -105,15 +105,16 @@ def group_link(rates: DeviceRates, size: int, stride: int) -> tuple[float, float
     link still bounds it."""
     if size * stride <= rates.gpus_per_node:
         return rates.link_bytes_per_s, cal.ALPHA_INTRA_S
-    if rates.host_link_bytes_per_s is not None:
-        # a bridged pair of PCIe cards: beyond the bridge the group's ring runs over PCIe, inside
-        # a host of GPUS_PER_NODE cards and on to the NICs (which hang off the same slots)
-        if size * stride <= cal.GPUS_PER_NODE:
-            return rates.host_link_bytes_per_s, cal.ALPHA_INTRA_S
-        k = max(1, min(size, cal.GPUS_PER_NODE // stride))
-        return min(rates.host_link_bytes_per_s, k * rates.internode_bytes_per_s), cal.ALPHA_INTER_S
-    k = max(1, min(size, rates.gpus_per_node // stride))
-    return min(rates.link_bytes_per_s, k * rates.internode_bytes_per_s), cal.ALPHA_INTER_S
+    # the host's link: the scale-up link itself, or for a bridged pair of PCIe cards
+    # (host_link_bytes_per_s) PCIe, inside a host of GPUS_PER_NODE cards and on to the NICs,
+    # which hang off the same slots
+    bridged = rates.host_link_bytes_per_s is not None
+    host, host_bw = (cal.GPUS_PER_NODE, rates.host_link_bytes_per_s) if bridged else \
+        (rates.gpus_per_node, rates.link_bytes_per_s)
+    if size * stride <= host:
+        return host_bw, cal.ALPHA_INTRA_S
+    k = max(1, min(size, host // stride))
+    return min(host_bw, k * rates.internode_bytes_per_s), cal.ALPHA_INTER_S
 
 
 # ------------------------------------------------------------------------------ one layer
