@@ -530,7 +530,10 @@ def _fp8_recipe(row) -> str:
 _FULL_ATTENTION = re.compile(r"non[- ]causal|not causal|causal[^;,]{0,25}not halved|not (causal[- ])?halved|"
                              r"s\^?2 term full|full (non[- ]causal )?attention")
 _CAUSAL_ATTENTION = re.compile(r"halved for causal|causal[- ]halved|causal attention|s\^?2\s*h?\s*/\s*2|/\s*2 causal")
-_SIX_N = re.compile(r"\b6\s*(?:x|\*|×)?\s*(?:n\b|nd\b|num_model_param\w*|[\d.]+\s*(?:e\d+|b)\b|params?\b|parameters?\b)")
+# "6 N", "6ND", "6 x params", "6 * 1.3e9": a multiplier must separate 6 from a number, so a model
+# size that starts with 6 ("6.7B", "64B") is not read as one
+_SIX_N = re.compile(r"\b6\s*(?:x|\*|×)?\s*(?:n\b|nd\b|num_model_param\w*|params?\b|parameters?\b)|"
+                    r"\b6\s*(?:x|\*|×)\s*[\d.]+\s*(?:e\d+|b)\b")
 _ATTENTION_TERM = re.compile(r"\+\s*(?:12|attention)|(?<!no )attention term")
 _RECOMPUTE_COUNTED = re.compile(r"incl\w*\.? (activation )?recompute|counts? the recompute|recompute counted|"
                                 r"hardware (t)?flops|x \(3 \+ 1|4\s*\*\s*2 coefficient|includ\w* the recomputed|"
