@@ -856,6 +856,9 @@ def test_plans_cli_choices_are_the_planners_registries():
     ("achieved_tflops_per_gpu", "6*seqlen*params + 12*layers*hidden*seqlen^2 (causal attention NOT halved); model "
      "FLOPs", ("full", False)),
     ("mfu", "6 * 1.3e9 * tokens / (GPUs x 312 TFLOP/s x step time)", ("none", False)),
+    # PaLM's formula counts every score, however the notes describe the model's attention
+    ("mfu", "tokens/s x (6N + 12*L*H*Q*T) / (GPUs x 312 TFLOP/s), i.e. with causal attention flops", ("full", False)),
+    ("mfu", "6N + 12*L*H*Q*T / 2 (attention halved for causal)", ("causal", False)),
     # a model size that starts with 6 is not a 6 N count
     ("mfu", "GPT-3 configs from ds_pretrain_gpt_6.7B.sh (2.7B 32x2560x32, 6.7B 32x4096x32)", ("full", False)),
     ("achieved_tflops_per_gpu", "row 2x v5e-256 (512 chips), 64B columns: TFLOP/sec/chip", ("full", True)),

@@ -528,7 +528,9 @@ def _fp8_recipe(row) -> str:
 # a model count does not. A prediction in another convention than the figure's would compare
 # different numerators, not different speeds.
 _FULL_ATTENTION = re.compile(r"non[- ]causal|not causal|causal[^;,]{0,25}not halved|not (causal[- ])?halved|"
-                             r"s\^?2 term full|full (non[- ]causal )?attention")
+                             r"s\^?2 term full|full (non[- ]causal )?attention|"
+                             # PaLM's 6 N + 12 L H Q T counts every score unless halved after it
+                             r"12\s*[*x]?\s*l\s*[*x]?\s*h\s*[*x]?\s*q\s*[*x]?\s*t\b(?![^;]{0,25}(/\s*2|halved))")
 _CAUSAL_ATTENTION = re.compile(r"halved for causal|causal[- ]halved|causal attention|s\^?2\s*h?\s*/\s*2|/\s*2 causal")
 # "6 N", "6ND", "6 x params", "6 * 1.3e9": a multiplier must separate 6 from a number, so a model
 # size that starts with 6 ("6.7B", "64B") is not read as one
