@@ -23,12 +23,17 @@ from dataclasses import dataclass
 
 from tensorpilot.errors import ConfigError
 
-__all__ = ["Layout", "SHARDINGS", "SHARDING_ALIASES", "SCHEDULES", "SHARDING_LABELS", "canonical_sharding",
-           "normalize_sharding_label"]
+__all__ = ["CP_MODES", "Layout", "SHARDINGS", "SHARDING_ALIASES", "SCHEDULES", "SHARDING_LABELS",
+           "canonical_sharding", "normalize_sharding_label"]
 
 SHARDINGS = {"none": 0, "zero1": 1, "zero2": 2, "fsdp": 3}      # name -> ZeRO stage
 SHARDING_ALIASES = {"ddp": "none", "zero3": "fsdp"}
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
+# How context-parallel ranks share a sequence's attention: "ring" passes key/value chunks round
+# the group (ring attention; Megatron-Core's and torchtitan's context parallelism), "ulysses"
+# swaps sequence for heads with all-to-alls around the attention core (DeepSpeed-Ulysses,
+# Jacobs et al. 2023, arXiv 2309.14509; Hugging Face Accelerate's sp_backend="deepspeed").
+CP_MODES = ("ring", "ulysses")
 
 
 def canonical_sharding(name: str) -> str:
@@ -101,6 +106,7 @@ class Layout:
     recompute_layers: int = 0
     shard_group: int = 0             # fsdp: ranks a shard group spans (HSDP: a node); 0 = all dp ranks
     cp: int = 1                      # context-parallel ranks: each holds seq_len / cp tokens of every sequence
+    cp_mode: str = "ring"            # how they share attention: CP_MODES
     # collectives that frameworks can hide behind compute are hidden: TP all-gathers/reduce-scatters
     # inside the GEMMs they feed (Megatron --tp-comm-overlap, torchtitan async TP) and the ZeRO-1/2
     # weight all-gather behind the next forward (Megatron --overlap-param-gather)
@@ -113,6 +119,8 @@ class Layout:
         object.__setattr__(self, "sharding", canonical_sharding(self.sharding))
         if not isinstance(self.cp, int) or self.cp < 1:
             raise ConfigError(f"cp must be a positive number of ranks, not {self.cp!r}.")
+        if self.cp_mode not in CP_MODES:
+            raise ConfigError(f"cp_mode must be one of {', '.join(CP_MODES)}, not {self.cp_mode!r}.")
         if not isinstance(self.recompute_layers, int) or self.recompute_layers < 0:
             raise ConfigError(f"recompute_layers must be 0 (every block) or a positive block count, "
                               f"not {self.recompute_layers!r}.")
@@ -164,7 +172,7 @@ class Layout:
         extra = " sp" if self.sequence_parallel else ""
         sched = f" {self.schedule}" + (f"/{self.virtual_stages}" if self.virtual_stages > 1 else "") \
             if self.pp > 1 else ""
-        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        cp = (f" cp={self.cp}" + (" ulysses" if self.cp_mode == "ulysses" else "")) if self.cp > 1 else ""
         overlap = (" overlap" if self.overlap_comm else "") + ("" if self.overlap_grad_reduce else " grad-reduce-after")
         blocks = f"({self.recompute_layers} blocks/chunk)" if self.recompute_layers else ""
         return (f"tp={self.tp} pp={self.pp} dp={self.dp}{cp} {self.sharding}{extra} mb={self.micro_batch}"

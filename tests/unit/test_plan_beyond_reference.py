@@ -420,6 +420,71 @@ def test_context_parallelism_by_hand():
         predict(spec, acc, Layout(dp=1, cp=3), TrainSetup(seq_len=8192, global_batch=1))
 
 
+def test_an_all_to_all_sends_all_but_its_own_slice():
+    from tensorpilot.plan import timing as tm
+
+    # 4 ranks, 8 MB each: 3 exchanges of 2 MB at 1 GB/s, 3 latencies of 10 us
+    assert tm.alltoall_time_s(8e6, 4, 1e9, 1e-5) == pytest.approx(3 * 1e-5 + 6e6 / 1e9)
+    assert tm.alltoall_time_s(8e6, 1, 1e9, 1e-5) == 0.0
+
+
+def test_ulysses_context_parallelism_by_hand():
+    """DeepSpeed-Ulysses: the same compute and memory as a ring of the same degree, with four
+    all-to-alls a block forward (q, k, v in, the output back), four backward and, under full
+    recomputation, four more, none overlapped."""
+    import dataclasses
+
+    from tensorpilot.plan import timing as tm
+
+    spec = get_model("llama3-8b")                                    # 32 heads (q 4096), 8 kv heads (kv 1024)
+    acc = catalog.get("h100-sxm")
+    setup = TrainSetup(seq_len=65536, global_batch=1)
+    ring = predict(spec, acc, Layout(dp=1, cp=8, sharding="fsdp", recompute="full"), setup)
+    uly = predict(spec, acc, Layout(dp=1, cp=8, cp_mode="ulysses", sharding="fsdp", recompute="full"), setup)
+    assert uly.time_breakdown_s["compute"] == pytest.approx(ring.time_breakdown_s["compute"])
+    assert uly.memory_bytes["total"] == pytest.approx(ring.memory_bytes["total"])
+    # by hand on a slow link (0.008 GB/s bus bandwidth), 8 ranks in a node: 8,192 local tokens
+    crawl = dataclasses.replace(acc, link_gb_per_s=0.02)
+    slow = predict(spec, crawl, Layout(dp=1, cp=8, cp_mode="ulysses", sharding="fsdp", recompute="full"), setup)
+    bw, alpha = 0.02e9 / 2 * 0.8, 5e-6
+    q, kv = 8192 * 4096 * 2, 8192 * 1024 * 2                       # bytes of q (or the output) and of k (or v)
+    swap = lambda n: 7 * alpha + 7 / 8 * n / bw                    # noqa: E731 - one all-to-all, as written
+    per_block = 3 * (2 * swap(q) + 2 * swap(kv))                   # forward, backward, recomputed forward
+    assert slow.time_breakdown_s["cp_comm"] == pytest.approx(spec.layers * per_block, rel=1e-6)
+    assert tm.alltoall_time_s(q, 8, bw, alpha) == pytest.approx(swap(q))
+    # each Ulysses rank takes whole heads: 32 heads over cp=3 cannot be split; a ring can
+    with pytest.raises(ConfigError, match="cp = 3 ranks whole attention heads"):
+        predict(spec, acc, Layout(dp=1, cp=3, cp_mode="ulysses"), TrainSetup(seq_len=8190, global_batch=1))
+    with pytest.raises(ConfigError, match="cp_mode must be one of ring, ulysses"):
+        Layout(cp=2, cp_mode="allgather")
+
+
+def test_the_search_and_validation_read_ulysses():
+    from tensorpilot.plan.search import candidate_layouts
+    from tensorpilot.plan.validate import _completed_plan, _layout_setup, _spec, predict_row
+
+    spec = get_model("llama3-8b")
+    long = TrainSetup(seq_len=131072, global_batch=16, precision="bf16")
+    modes = {(lo.cp, lo.cp_mode) for lo in candidate_layouts(spec, 16, long)}
+    assert (8, "ulysses") in modes and (8, "ring") in modes and (1, "ulysses") not in modes
+    # a row naming DeepSpeed-Ulysses with its degree
+    row = _row(model="Llama 2 7B", params_b="6.7", hidden="4096", layers="32", heads="32", ffn_hidden="11008",
+               kv_heads="32", n_gpus="8", tp="1", pp="1", dp="1", seq_len="65536", global_batch="1",
+               precision="bf16 mixed", recompute="full", sharding="zero3",
+               flops_convention="DeepSpeed-Ulysses sequence parallel, cp=8, flash-attn 2")
+    layout, _ = _layout_setup(row, _spec(row))
+    assert (layout.cp, layout.cp_mode) == (8, "ulysses")
+    # ... without it (and without dp): the fastest degree that fits, here more than 1 (a 64k-token
+    # sequence of a 7B model leaves no room on one 80 GB device at cp = 1)
+    unstated = {**row, "dp": "", "flops_convention": "DeepSpeed-Ulysses (degree not stated), flash-attn 2"}
+    layout, setup = _layout_setup(unstated, _spec(unstated))
+    assert (layout.cp, layout.cp_mode) == (1, "ulysses")
+    chosen = _completed_plan(unstated, _spec(row), catalog.get("h100-sxm"), layout, setup).layout_detail
+    assert chosen.cp > 1 and chosen.cp_mode == "ulysses" and chosen.cp * chosen.dp == 8
+    assert predict_row(unstated).predicted is not None
+    assert _layout_setup({**row, "flops_convention": "FPDT (Ulysses-Offload), cp=8"}, _spec(row))[0].cp_mode == "ring"
+
+
 def _row(**kw):
     base = {"id": "Y-1", "model": "Llama 2 70B", "params_b": "70", "hidden": "8192", "layers": "80", "heads": "64",
             "vocab": "32000", "ffn_hidden": "28672", "kv_heads": "8", "gpu": "H100-80GB", "n_gpus": "64", "tp": "4",

@@ -53,6 +53,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     h.add_argument("--cp", type=int, default=1, metavar="N",
                    help="Context-parallel ranks: each holds seq_len / N tokens of every sequence and "
                         "passes keys/values round a ring (long sequences; default: 1).")
+    h.add_argument("--cp-mode", default="ring", choices=["ring", "ulysses"],
+                   help="How the --cp ranks share attention: ring (keys/values passed round; Megatron-Core, "
+                        "torchtitan) or ulysses (all-to-alls swap tokens for heads; DeepSpeed-Ulysses; "
+                        "cp must divide the heads of a tp rank) (default: ring).")
     h.add_argument("--sharding", default="none", choices=["none", "zero1", "zero2", "zero3", "fsdp", "hsdp"],
                    help="Data-parallel sharding: none (DDP), ZeRO stage 1/2, zero3 = fsdp, hsdp = fsdp "
                         "inside each node and replicated across nodes (default: none).")
@@ -285,7 +289,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     virtual_stages=args.virtual_stages, recompute=args.recompute,
                     recompute_layers=args.recompute_layers or 0,
                     shard_group=max(1, cal.GPUS_PER_NODE // args.tp) if hybrid else 0, cp=args.cp,
-                    overlap_comm=args.overlap_comm, overlap_grad_reduce=not args.grad_reduce_after_backward)
+                    cp_mode=args.cp_mode, overlap_comm=args.overlap_comm,
+                    overlap_grad_reduce=not args.grad_reduce_after_backward)
     setup = _setup(args, spec, dp)
     check_layout(spec, layout, setup, n_devices=gpus)
     plan = predict(spec, acc, layout, setup)
@@ -393,7 +398,8 @@ def _cmd_search(args, spec, acc, gpus: int) -> int:
     for n, p in enumerate(res.ranked, 1):
         lo = p.layout_detail
         sched = f" {lo.schedule}" + (f"/{lo.virtual_stages}" if lo.virtual_stages > 1 else "") if lo.pp > 1 else ""
-        degrees = f"{lo.tp}/{lo.pp}/{lo.dp}" + (f"/{lo.cp}" if with_cp else "")
+        degrees = f"{lo.tp}/{lo.pp}/{lo.dp}" + (f"/{lo.cp}" + (" ulysses" if lo.cp_mode == "ulysses" else "")
+                                                if with_cp else "")
         tab.add_row(str(n), degrees, lo.sharding + (" sp" if lo.sequence_parallel else ""),
                     str(lo.micro_batch), lo.recompute + (f"({lo.recompute_layers})" if lo.recompute_layers else "") + sched, f"{p.step_time_s:,.3f}",
                     f"{p.tokens_per_s_per_device:,.0f}", f"{p.mfu:.1%}", f"{p.memory_bytes['total'] / 2**30:,.1f}")

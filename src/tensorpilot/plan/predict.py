@@ -206,9 +206,17 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
     if lo.recompute_layers > chunk_layers(spec, lo):
         raise ConfigError(f"recompute_layers {lo.recompute_layers} exceeds the {chunk_layers(spec, lo)} blocks of a "
                           "model chunk: pass at most that many (or none, to recompute every block).")
-    if lo.cp > 1 and setup.seq_len % (2 * lo.cp):
+    if lo.cp > 1 and lo.cp_mode == "ring" and setup.seq_len % (2 * lo.cp):
         raise ConfigError(f"context parallelism splits each sequence into 2 x cp = {2 * lo.cp} load-balanced chunks; "
                           f"seq_len {setup.seq_len} is not a multiple of it.")
+    if lo.cp > 1 and lo.cp_mode == "ulysses":
+        if setup.seq_len % lo.cp:
+            raise ConfigError(f"Ulysses splits each sequence into cp = {lo.cp} chunks; seq_len {setup.seq_len} is not "
+                              "a multiple of it.")
+        if (spec.heads // lo.tp) % lo.cp:
+            raise ConfigError(f"Ulysses gives each of its cp = {lo.cp} ranks whole attention heads: cp does not divide "
+                              f"the {spec.heads // lo.tp} heads a tensor-parallel rank holds ({spec.name}); use ring "
+                              "context parallelism or a cp that divides them.")
     if lo.sequence_parallel and lo.tp == 1:
         raise ConfigError("sequence parallelism needs tp > 1.")
     if setup.attention not in tm.ATTENTION:
@@ -355,8 +363,19 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # context parallelism: a ring passes every rank's keys and values round the cp group in
     # cp - 1 steps, hidden behind the attention of the chunk in hand (Megatron-Core's and
     # torchtitan's ring attention); backward passes them again with their gradients (2x)
+    # Ulysses instead swaps sequence for heads: all-to-alls turn the rank's tokens of every head
+    # into every token of cp-th of the heads for q, k and v, and back for the attention output;
+    # backward runs the same four on the gradients, a recomputed forward its own again. They are
+    # not overlapped (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv 2309.14509, section 3.1); the
+    # attention core then does the same cp-th of the work as a ring rank.
     cp_comm_s = 0.0
-    if lo.cp > 1:
+    if lo.cp > 1 and lo.cp_mode == "ulysses":
+        bw, alpha = tm.group_link(rates, lo.cp, lo.tp)
+        q_bytes = tokens_micro * spec.q_dim / lo.tp * e
+        kv_bytes = tokens_micro * spec.kv_dim / min(lo.tp, spec.n_kv_heads) * e
+        swaps = 2 * tm.alltoall_time_s(q_bytes, lo.cp, bw, alpha) + 2 * tm.alltoall_time_s(kv_bytes, lo.cp, bw, alpha)
+        cp_comm_s = (2 + full) * swaps
+    elif lo.cp > 1:
         bw, alpha = tm.group_link(rates, lo.cp, lo.tp)
         kv_bytes = 2 * tokens_micro * spec.kv_dim / min(lo.tp, spec.n_kv_heads) * e     # K and V
         ring = (lo.cp - 1) * (alpha + kv_bytes / bw)

@@ -95,8 +95,8 @@ def candidate_layouts(spec: ModelSpec, n_devices: int, setup: TrainSetup, *,
     """Yield (layout without recompute) candidates that pass the divisibility rules. Context
     parallelism (cp, powers of two up to MAX_CP whose 2 cp load-balanced chunks divide the sequence
     and leave MIN_CP_TOKENS a rank) joins the space from LONG_CONTEXT_SEQ tokens a sequence, where
-    long-context recipes split sequences (Megatron-LM's and torchtitan's context parallelism,
-    DeepSpeed-Ulysses)."""
+    long-context recipes split sequences (Megatron-LM's and torchtitan's context parallelism as a
+    ring; DeepSpeed-Ulysses's all-to-alls where cp divides a tensor-parallel rank's heads)."""
     for tp in _powers_of_two(min(gpus_per_node, n_devices)):
         if n_devices % tp or spec.heads % tp or (spec.n_kv_heads % tp and tp % spec.n_kv_heads):
             continue
@@ -118,10 +118,14 @@ def candidate_layouts(spec: ModelSpec, n_devices: int, setup: TrainSetup, *,
                     if pp > 1 and spec.layers % (2 * pp) == 0 and per_replica // mb >= pp:
                         schedules.append(("interleaved", 2))
                     shardings = ("none", "zero1", "zero2", "fsdp") if dp * cp > 1 else ("none",)
+                    # Ulysses where cp divides a tp rank's heads (each cp rank takes whole heads)
+                    modes = ("ring", "ulysses") if cp > 1 and (spec.heads // tp) % cp == 0 else ("ring",)
                     for sharding in shardings:
                         for schedule, v in schedules:
-                            yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, sharding=sharding, sequence_parallel=tp > 1,
-                                         micro_batch=mb, schedule=schedule, virtual_stages=v)
+                            for mode in modes:
+                                yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, cp_mode=mode, sharding=sharding,
+                                             sequence_parallel=tp > 1, micro_batch=mb, schedule=schedule,
+                                             virtual_stages=v)
 
 
 def _score(plan: Plan, objective: str) -> float:

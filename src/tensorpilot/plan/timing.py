@@ -33,6 +33,7 @@ ATTENTION = ("flash", "flash1", "materialized")
 FUSED_ATTENTION = ("flash", "flash1")
 
 __all__ = ["ATTENTION", "FUSED_ATTENTION", "KERNELS", "DeviceRates", "allgather_time_s", "allreduce_time_s",
+           "alltoall_time_s",
            "backward_gemms_time_s", "bubble_fraction", "gemm_time_s", "layer_times", "pipeline_time_s",
            "reducescatter_time_s", "ring_allreduce_bytes_factor", "score_bytes_per_element"]
 
@@ -93,6 +94,14 @@ def allgather_time_s(nbytes: float, n: int, bw_bytes_per_s: float, alpha_s: floa
 
 
 reducescatter_time_s = allgather_time_s      # same traffic pattern, reversed
+
+
+def alltoall_time_s(nbytes: float, n: int, bw_bytes_per_s: float, alpha_s: float) -> float:
+    """All-to-all of the ``nbytes`` each device holds: it keeps 1/n and sends (n - 1)/n, a slice
+    to each peer, in n - 1 exchanges (NCCL's send/recv pairs)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) * alpha_s + (n - 1) / n * nbytes / bw_bytes_per_s
 
 
 def group_link(rates: DeviceRates, size: int, stride: int) -> tuple[float, float]:

@@ -24,7 +24,8 @@ How a row becomes a prediction, with every rule stated (none is per row):
 - totals (gpu_hours, time_to_train, energy) need the row's training ``tokens`` and include the
   goodput of the row's devices (calibration.goodput) unless the notes say the time adds up training
   steps only; a blank dp is n_gpus / (tp x pp x cp); context parallelism is read from 'cp=N' in
-  flops_convention.
+  flops_convention, as DeepSpeed-Ulysses where the notes name it (without a degree and a dp: the
+  fastest degree that fits).
 - units: GB = 1e9 bytes (papers' arithmetic); MB = MiB, 2^20 bytes (what nvidia-smi, PyTorch
   and accelerate print under that name); GiB = 2^30; % for MFU; GPU-hours, s/min/h/days, kWh/MWh.
 - a blank recompute in a stated layout: the fastest that fits (none, selective, full; NeMo's and
@@ -285,6 +286,9 @@ def _optimizer(row) -> str:
 # model chunks a pipeline stage holds, as the notes write them: "interleaved pipeline (4 chunks)",
 # "virtual pipeline 20", NeMo's and Megatron-Bridge's tables' "VP 10" / "VP=5", the config key
 # virtual_pipeline_model_parallel_size; "VP n/a" names none
+# the notes name DeepSpeed-Ulysses as the run's context parallelism (Layout.cp_mode): its ranks
+# swap tokens for heads with all-to-alls; Ulysses-Offload (FPDT) chunks and offloads besides
+_ULYSSES = re.compile(r"\bulysses\b(?![- ]offload)")
 _VIRTUAL_STAGES = re.compile(r"interleaved pipeline \((\d{1,6}) chunks\)|virtual pipeline (?:stages? |size )?[=:]?\s*"
                              r"(\d{1,6})|\bvp(?:[ _-]?size)?\s*[=:]?\s*(\d{1,6})\b|"
                              r"virtual[_ ]pipeline[_ ]model[_ ]parallel[_ ]size\s*[=:]?\s*(\d{1,6})")
@@ -312,6 +316,7 @@ def _layout_setup(row, spec: ModelSpec):
         raise ConfigError("the row gives no sequence length (seq_len), which its metric depends on")
     m_cp = re.search(r"\bcp\s*=\s*(\d{1,6})\b", conv)
     cp = max(1, int(m_cp.group(1))) if m_cp else 1
+    cp_mode = "ulysses" if _ULYSSES.search(conv) else "ring"
     tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
     n_gpus = _int(row, "n_gpus", 0)
     # a blank dp is what the devices leave: n_gpus / (tp x pp x cp)
@@ -332,7 +337,7 @@ def _layout_setup(row, spec: ModelSpec):
                     micro_batch=_int(row, "micro_batch", 1), schedule="interleaved" if interleaved else "1f1b",
                     virtual_stages=max(chunks, 2) if interleaved else 1, recompute=rec,
                     shard_group=max(1, cal.GPUS_PER_NODE // tp) if hybrid else 0, cp=cp,
-                    overlap_comm=bool(_switch(row, _OVERLAP_SWITCH)),
+                    cp_mode=cp_mode, overlap_comm=bool(_switch(row, _OVERLAP_SWITCH)),
                     overlap_grad_reduce=_grad_reduce_overlapped(row, sharding))
     tokens = _number(row, "tokens") if "tokens" in row else None
     # a published global batch that dp x micro-batch does not divide (OPT: 1024 sequences on 124
@@ -639,9 +644,22 @@ def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
 
     from tensorpilot.plan.predict import least_recompute, predict
 
-    per_replica = setup.global_batch // layout.dp
-    mbs = [layout.micro_batch] if _text(row, "micro_batch") else \
-        [mb for mb in range(1, per_replica + 1) if per_replica % mb == 0]
+    cases = [(layout, setup)]
+    if layout.cp_mode == "ulysses" and layout.cp == 1 and not _text(row, "dp"):
+        # Ulysses named without its degree: any cp that divides the devices left by tp x pp, a tp
+        # rank's heads and the sequence, and leaves a dp that divides the published global batch
+        rest = layout.n_devices // (layout.tp * layout.pp)
+        stated = _int(row, "global_batch", 0)
+        batched = replace(setup, global_batch=stated) if stated else setup
+        cases = [(replace(layout, cp=c, dp=rest // c), batched) for c in range(1, rest + 1)
+                 if rest % c == 0 and (spec.heads // layout.tp) % c == 0 and setup.seq_len % c == 0
+                 and batched.global_batch % (rest // c * layout.micro_batch) == 0] or cases
+
+    def micro_batches(lo, s) -> list[int]:
+        per_replica = s.global_batch // lo.dp
+        return [lo.micro_batch] if _text(row, "micro_batch") else \
+            [mb for mb in range(1, per_replica + 1) if per_replica % mb == 0]
+
     recs = [layout.recompute] if _text(row, "recompute") else ["none", "selective", "full"]
     sps = [False, True] if layout.tp > 1 and _sequence_parallel(row) is None else [layout.sequence_parallel]
     # an interleaved schedule without its chunk count: 2 chunks a rank up to one layer a chunk
@@ -655,14 +673,15 @@ def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
 
     partial = not _text(row, "recompute") and _source_names(row, _MEGATRON_RECIPE_SOURCES)
 
-    def plan_of(mb, rec, v, sp):
-        lo = replace(layout, micro_batch=mb, recompute=rec, virtual_stages=v, sequence_parallel=sp,
-                     schedule=layout.schedule if v > 1 else "1f1b")
+    def plan_of(base, s, mb, rec, v, sp):
+        lo = replace(base, micro_batch=mb, recompute=rec, virtual_stages=v, sequence_parallel=sp,
+                     schedule=base.schedule if v > 1 else "1f1b")
         if rec == "full" and partial:
-            return least_recompute(spec, acc, lo, setup, fits)
-        return predict(spec, acc, lo, setup)
+            return least_recompute(spec, acc, lo, s, fits)
+        return predict(spec, acc, lo, s)
 
-    plans = [plan_of(mb, rec, v, sp) for mb in mbs for rec in recs for v in chunks for sp in sps]
+    plans = [plan_of(lo, s, mb, rec, v, sp) for lo, s in cases for mb in micro_batches(lo, s) for rec in recs
+             for v in chunks for sp in sps]
     fitting = [p for p in plans if fits(p)]
     return min(fitting, key=lambda p: p.step_time_s) if fitting else plans[0]
 
@@ -690,6 +709,8 @@ def _best_layout_plan(row, spec: ModelSpec, acc, setup):
 
 
 def _predict(row, result: RowResult) -> float | None:
+    from dataclasses import replace
+
     from tensorpilot.hardware import catalog
     from tensorpilot.plan.predict import predict
 
@@ -725,6 +746,8 @@ def _predict(row, result: RowResult) -> float | None:
     else:
         plan = _best_layout_plan(row, spec, acc, setup)
         result.note = f"layout not stated: the planner's best on {plan.n_devices:,} devices ({plan.layout_detail.describe()})"
+    # the batch the plan ran (a Ulysses degree chosen above may leave the published one)
+    setup = replace(setup, global_batch=plan.tokens_per_step // setup.seq_len)
     if layout.n_devices != _int(row, "n_gpus", layout.n_devices) and _layout_stated(row):
         result.note = f"tp x pp x dp x cp = {layout.n_devices} != n_gpus"
     if setup.global_batch != _int(row, "global_batch", 1):
