@@ -1030,6 +1030,7 @@ def test_rows_say_which_dtype_their_gradients_were_reduced_in(precision, notes, 
     ("PyTorch 2.4, sdpa", "a repo", "flash"),
     ("README history 'fa1 -> fa2' rerun", "a repo", "flash"),
     ("framework: PyTorch 2.0.1a0, fused SDPA on", "Intel-HabanaLabs", "flash"),   # Gaudi's own kernel
+    ("attention is FlexAttention with a document-causal block mask", "a speedrun log", "flash"),
 ])
 def test_rows_say_whether_attention_was_fused(notes, source, expected):
     from tensorpilot.plan.validate import _attention
@@ -1123,6 +1124,7 @@ def test_a_nemo_row_that_switches_its_recipe_defaults_off():
     ("mi355x", "bf16", 1565.0, 2516.6),
     ("gaudi2", "bf16", 418.7, 432.0),
     ("gaudi3", "bf16", 1243.0, 1835.0),
+    ("mi350x", "bf16", 1565.0, 2516.6),                          # the MI355X's die at lower clocks: its fraction
 ])
 def test_measured_gemm_fractions_of_more_parts(key, precision, mamf_tflops, theory_tflops):
     from tensorpilot.plan import calibration as cal

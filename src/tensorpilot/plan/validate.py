@@ -373,12 +373,14 @@ def _layout_setup(row, spec: ModelSpec):
 _NO_FLASH = re.compile(r"\b(no|not|without|w/o)\b[^;,.]{0,12}(flash|fa\b)|flash[- ]?attn?\w*[^;,.]{0,25}"
                        r"\b(not used|not enabled|disabled|unused|off|false)\b|materiali[sz]ed attention|"
                        r"scores materiali[sz]ed|attention disabled")
-# a fused attention kernel named in the notes, or software that runs one by default (NeMo and
+# a fused attention kernel named in the notes (FlexAttention: PyTorch's compiled one, ~90% of
+# FlashAttention-2 forward and ~85% backward per its release post, pytorch.org/blog/flexattention,
+# 2024), or software that runs one by default (NeMo and
 # Megatron-Core build attention from Transformer Engine's fused kernel); read with _switch, so
 # "fused attention disabled" is not one. Transformer Engine alone is not: it may run only the
 # linear layers (Pax's ENABLE_TE without NVTE_FUSED_ATTN)
 _FUSED_ATTENTION = (r"flash|fmha|fused (multi head )?attention|\bsdpa\b|scaled dot product attention|"
-                    r"\bte (fused )?attention|\bnemo\b|megatron core|\bmcore\b")
+                    r"\bte (fused )?attention|\bnemo\b|megatron core|\bmcore\b|flex ?attention")
 
 
 # a FlashAttention-2-or-later kernel named ("FlashAttention 2", "flash_attn 2.3.4", "FA2", "FA3",
