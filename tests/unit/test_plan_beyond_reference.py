@@ -4,6 +4,7 @@ hybrid sharding and totals -- each against hand arithmetic from the algorithms' 
 from __future__ import annotations
 
 import json
+from dataclasses import replace as dataclasses_replace
 
 import pytest
 
@@ -483,6 +484,62 @@ def test_the_search_and_validation_read_ulysses():
     assert chosen.cp > 1 and chosen.cp_mode == "ulysses" and chosen.cp * chosen.dp == 8
     assert predict_row(unstated).predicted is not None
     assert _layout_setup({**row, "flops_convention": "FPDT (Ulysses-Offload), cp=8"}, _spec(row))[0].cp_mode == "ring"
+
+
+def test_host_offload_by_hand():
+    """ZeRO-Offload: the device keeps the half weights; the fp32 master, Adam's states and fp32
+    gradients (16 bytes a parameter) live on the host, Adam runs there at the host's memory
+    bandwidth (34 bytes a parameter) while the half weights cross back, and the half gradients
+    cross down behind backward. Offloading the weights too leaves them on the host."""
+    from tensorpilot.plan import calibration as cal
+
+    spec, acc = get_model("llama3-8b"), catalog.get("a100-sxm4-80gb")
+    n = spec.n_params
+    setup = TrainSetup(seq_len=4096, global_batch=1)
+    lo = Layout(dp=1, recompute="full")
+    base = predict(spec, acc, lo, setup)
+    off = predict(spec, acc, lo, dataclasses_replace(setup, offload="optimizer"))
+    assert off.memory_bytes["params"] == pytest.approx(base.memory_bytes["params"]) == pytest.approx(2 * n)
+    assert off.memory_bytes["grads"] == off.memory_bytes["master_params"] == off.memory_bytes["optimizer"] == 0
+    assert off.host_memory_bytes == pytest.approx(16 * n)
+    assert base.host_memory_bytes == 0 and base.time_breakdown_s["host_offload"] == 0
+    link = 64e9 / 2 * 0.8                                           # PCIe Gen4 x16, one direction, at 0.8
+    cpu = n * 34 / 330e9                                            # one device has the host to itself
+    down = 2 * n / link
+    bwd = base.time_breakdown_s["compute"]                          # backward alone hides more than the copy
+    assert down < bwd
+    hidden_but_one_block = down / spec.layers + cal.COLLECTIVE_COMPUTE_SHARE * down * (1 - 1 / spec.layers)
+    assert off.time_breakdown_s["host_offload"] == pytest.approx(hidden_but_one_block + max(cpu, 2 * n / link),
+                                                                 rel=1e-6)
+    assert off.time_breakdown_s["optimizer"] == 0                   # the device steps nothing
+    # 8 devices of a host share its memory bandwidth; the weights offloaded too need them sharded
+    eight = predict(spec, acc, Layout(dp=8, sharding="zero2", recompute="full"),
+                    dataclasses_replace(setup, global_batch=8, offload="optimizer"))
+    assert eight.host_memory_bytes == pytest.approx(16 * n / 8)
+    params = predict(spec, acc, Layout(dp=8, sharding="fsdp", recompute="full"),
+                     dataclasses_replace(setup, global_batch=8, offload="params"))
+    assert params.memory_bytes["params"] == 0 and params.host_memory_bytes == pytest.approx((16 + 2) * n / 8)
+    with pytest.raises(ConfigError, match="pass --sharding zero3"):
+        predict(spec, acc, lo, dataclasses_replace(setup, offload="params"))
+    with pytest.raises(ConfigError, match="offload must be one of none, optimizer, params"):
+        TrainSetup(seq_len=4096, global_batch=1, offload="disk")
+
+
+@pytest.mark.parametrize("notes,sharding,expected", [
+    ("DeepSpeed ZeRO-3 with CPU optimizer offloading", "fsdp", "optimizer"),
+    ('"offload_optimizer": {"device": "cpu"}', "zero2", "optimizer"),
+    ("Megatron --optimizer-cpu-offload", "zero1", "optimizer"),
+    ("Gemini placement policy 'cpu': chunks live in CPU memory", "fsdp", "params"),
+    ("ZeRO-Infinity offload_param to CPU", "fsdp", "params"),
+    ("ds_config_zero3.json (ZeRO-3, offload_optimizer/offload_param device none, overlap_comm)", "fsdp", "none"),
+    ("plugin='gemini', shard_param_frac=1.0, offload_optim_frac=0.0, offload_param_frac=0.0", "fsdp", "none"),
+    ("no CPU offload", "fsdp", "none"),
+    ("", "fsdp", "none"),
+])
+def test_rows_say_what_they_offload(notes, sharding, expected):
+    from tensorpilot.plan.validate import _offload
+
+    assert _offload({"flops_convention": notes, "source": "a thread"}, sharding) == expected
 
 
 def _row(**kw):

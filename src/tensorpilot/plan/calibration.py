@@ -138,6 +138,24 @@ ALPHA_INTER_S = 10e-6
 # Devices per node when the catalog does not say (DGX/HGX boards, OAM platforms: 8).
 GPUS_PER_NODE = 8
 
+# ------------------------------------------------------------------------------ host offload
+
+# ZeRO-Offload (Ren et al. 2021, USENIX ATC; DeepSpeed's offload_optimizer, Megatron's
+# --optimizer-cpu-offload) keeps the fp32 master, the optimizer states and fp32 gradients in host
+# memory and steps Adam on the CPU; ZeRO-Infinity's offload_param (FSDP's CPUOffload) keeps the
+# weights there too. Their costs are the host link and the host's memory bandwidth:
+# - host link, both directions, where the catalog gives none (SXM and OAM parts): PCIe Gen4 x16,
+#   64 GB/s (the DGX A100's; Gen5 hosts double it), ASSUMED; at LINK_BW_FRACTION of it each way;
+# - host memory bandwidth: a DGX A100's two EPYC 7742 have 16 channels of DDR4-3200 (410 GB/s),
+#   ~80% streamed (STREAM triad): 330 GB/s a host, ASSUMED for every host, shared by the devices
+#   of the host that train (GPUS_PER_NODE at most);
+# - CPU Adam moves 34 bytes a parameter: fp32 weight, m and v read and written (24), the fp32
+#   gradient written from the half copy that crossed the link and read (8), the half weight
+#   written for the trip back (2).
+HOST_LINK_GB_PER_S = 64
+HOST_MEMORY_BYTES_PER_S = 330e9
+CPU_ADAM_BYTES_PER_PARAM = 34
+
 # ------------------------------------------------------------------------------ memory overheads
 
 # CUDA context + loaded kernels + library workspaces on the device, outside PyTorch's allocator:

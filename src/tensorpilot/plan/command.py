@@ -97,6 +97,11 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit"],
                    help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
                         "keep much less, see plan/memory.py)")
+    t.add_argument("--offload", default="none", choices=["none", "optimizer", "params"],
+                   help="Keep state in host memory: optimizer = fp32 master, Adam states and gradients with "
+                        "Adam stepped on the CPU (DeepSpeed ZeRO-Offload, Megatron --optimizer-cpu-offload); "
+                        "params = the weights too (ZeRO-Infinity offload_param, FSDP CPUOffload; needs "
+                        "--sharding zero3) (default: none).")
     t.add_argument("--attention", default="flash", choices=["flash", "flash1", "materialized"],
                    help="Fused attention (FlashAttention-2 class: flash-attn 2+, cuDNN, PyTorch 2.2+ SDPA), "
                         "a first-generation fused kernel at half that speed (flash1: flash-attn 1.x, xformers, "
@@ -234,7 +239,7 @@ def _setup(args, spec, replicas: int):
                       price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
                       else cal.DEFAULT_GRID_G_PER_KWH,
-                      goodput=args.goodput)
+                      goodput=args.goodput, offload=args.offload)
 
 
 def accelerator(args, default: str = DEFAULT_GPU):
@@ -339,6 +344,9 @@ def _print_plan(plan, spec, setup) -> None:
     verdict = "[green]fits[/]" if plan.fits else "[red]does NOT fit[/]"
     mt.add_row("[bold]total[/]", f"[bold]{_gib(plan.memory_bytes['total'])}[/] of {_gib(plan.device_memory_bytes)}: "
                f"{verdict} (limit {_gib(plan.memory_limit_bytes)}, {cal.SAFETY_MARGIN_FRACTION:.0%} kept free)")
+    if setup.offload != "none":
+        mt.add_row("host memory", f"{_gib(plan.host_memory_bytes)} a device offloaded ({setup.offload}), "
+                   f"{_gib(plan.host_memory_bytes * min(plan.n_devices, cal.GPUS_PER_NODE))} a host")
     con.print(mt)
     tt = Table(title="step", show_header=False)
     tt.add_row("step time", f"{plan.step_time_s:,.3f} s")

@@ -29,8 +29,13 @@ from tensorpilot.plan.limits import (MAX_DEVICES, MAX_GRID_G_PER_KWH, MAX_PRICE_
                                      MAX_SEQUENCES, MAX_TOKENS, check_count, check_number)
 from tensorpilot.plan.models import ModelSpec
 
-__all__ = ["InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "hourly_price", "least_recompute",
+__all__ = ["OFFLOADS", "InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "hourly_price", "least_recompute",
            "predict", "predict_inference", "recompute_share"]
+
+
+# what lives in host memory: nothing; the optimizer's part (fp32 master, states, fp32 gradients;
+# ZeRO-Offload); or that and the weights (ZeRO-Infinity's offload_param, FSDP's CPUOffload)
+OFFLOADS = ("none", "optimizer", "params")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +54,7 @@ class TrainSetup:
     price_per_hour: float | None = None   # USD per device-hour; default: the catalog's price
     grid_g_per_kwh: float = cal.DEFAULT_GRID_G_PER_KWH
     goodput: float | None = None          # share of wall-clock that trains; None: cal.goodput(devices)
+    offload: str = "none"                 # host offload: none | optimizer (ZeRO-Offload) | params (+ weights, ZeRO-3)
 
     def __post_init__(self) -> None:
         check_count("seq_len", self.seq_len, MAX_SEQ_LEN)
@@ -66,6 +72,8 @@ class TrainSetup:
             raise ConfigError(f"grad_dtype must be one of {', '.join(mem.GRAD_DTYPES)}, not {self.grad_dtype!r}.")
         if self.fp8_recipe not in cal.FP8_RECIPES:
             raise ConfigError(f"fp8_recipe must be one of {', '.join(cal.FP8_RECIPES)}, not {self.fp8_recipe!r}.")
+        if self.offload not in OFFLOADS:
+            raise ConfigError(f"offload must be one of {', '.join(OFFLOADS)}, not {self.offload!r}.")
 
     def goodput_on(self, n_devices: int) -> float:
         """The stated goodput, or the one interruptions leave on ``n_devices`` (calibration.goodput)."""
@@ -101,6 +109,7 @@ class Plan:
     power_w_per_device: float | None = None
     energy_kwh: float | None = None
     co2_kg: float | None = None
+    host_memory_bytes: float = 0.0          # per device, in host memory (TrainSetup.offload)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -219,6 +228,9 @@ def check_layout(spec: ModelSpec, layout: Layout, setup: TrainSetup, n_devices: 
                               "context parallelism or a cp that divides them.")
     if lo.sequence_parallel and lo.tp == 1:
         raise ConfigError("sequence parallelism needs tp > 1.")
+    if setup.offload == "params" and lo.zero_stage != 3:
+        raise ConfigError("offloading the weights to the host needs them sharded: pass --sharding zero3 (each "
+                          "device gathers a block's weights from the host as it needs them).")
     if setup.attention not in tm.ATTENTION:
         raise ConfigError(f"attention must be one of {', '.join(tm.ATTENTION)}, not {setup.attention!r}.")
 
@@ -318,6 +330,16 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         else:
             held_params, held_logits = body, 0.0
     states = mem.model_state_bytes(held_params, prec, zero_stage=lo.zero_stage, dp=lo.shard_degree)
+    host_bytes = 0.0
+    if s.offload != "none":
+        # the host keeps the fp32 master, the states and fp32 gradients (and, offloading params,
+        # the weights); gradients leave the device bucket by bucket as backward produces them
+        host_bytes = states["master_params"] + states["optimizer"] + \
+            held_params / (lo.shard_degree if lo.zero_stage >= 2 else 1) * 4
+        states = {**states, "grads": 0.0, "master_params": 0.0, "optimizer": 0.0}
+        if s.offload == "params":
+            host_bytes += states["params"]
+            states["params"] = 0.0
     layer_param_bytes = spec.layer_params / lo.tp * DTYPE_COMPUTE_BYTES(prec)
     buffers = 0.0
     # fsdp: two gathered blocks (current + prefetch) and one unsharded block grad; under a
@@ -325,7 +347,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     gathered = layers_stage if lo.pp > 1 else 2
     if lo.zero_stage == 3:
         buffers += gathered * layer_param_bytes + spec.layer_params / lo.tp * prec.grad_bytes
-    elif replicas > 1:          # DDP/ZeRO gradient buckets (25 MB default, two in flight)
+    elif replicas > 1 or s.offload != "none":   # DDP/ZeRO (and offload) gradient buckets: 25 MB, two in flight
         buffers += 2 * 25 * 2**20
     # autocast keeps a half copy of each weight it used until forward ends (FSDP: of gathered
     # blocks); fp8 / fp4 recipes cache the low-precision weight and its transpose of every block GEMM
@@ -471,10 +493,26 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                               + 2 * prec.optim_bytes + (prec.param_bytes if prec.master_bytes else 0))
     if lowp:                    # block weights cast and transposed once a step: read 2, write 2 copies
         opt_bytes += layers_stage * spec.layer_params / lo.tp * (2 + prec.weight_copy_bytes)
+    offload_s = 0.0
+    if s.offload != "none":
+        # host offload (calibration: ZeRO-Offload's costs): each micro-batch's reduced gradients
+        # cross to the host behind backward; Adam runs on the CPU over the rank's shard at the
+        # host's memory bandwidth while the updated half weights cross back chunk by chunk (the
+        # longer of the two); offloaded weights also cross up for each forward and backward gather
+        link = (acc.host_link_gb_per_s or cal.HOST_LINK_GB_PER_S) * 1e9 / 2 * cal.LINK_BW_FRACTION
+        half = DTYPE_COMPUTE_BYTES(prec)
+        down = opt_params * half / link
+        host_bw = cal.HOST_MEMORY_BYTES_PER_S / min(lo.n_devices, rates.gpus_per_node)
+        offload_s = n_micro * _exposed(down, bwd_micro_s, layers_stage) + max(
+            opt_params * cal.CPU_ADAM_BYTES_PER_PARAM / host_bw, opt_params * half / link)
+        if s.offload == "params":
+            up = params_stage / shard * half / link
+            offload_s += n_micro * (_exposed(up, fwd_s, layers_stage) + _exposed(up, bwd_micro_s, layers_stage))
+        opt_bytes = layers_stage * spec.layer_params / lo.tp * (2 + prec.weight_copy_bytes) if lowp else 0.0
     optimizer_s = opt_bytes / rates.mem_bytes_per_s
 
     pipe_s = tm.pipeline_time_s(stage_micro_s, lo.pp, n_micro, lo.schedule, lo.virtual_stages)
-    step_s = pipe_s + dp_exposed + optimizer_s
+    step_s = pipe_s + dp_exposed + optimizer_s + offload_s
     breakdown = {
         "compute": n_micro * layers_stage * (lt.gemm_fwd_s + lt.gemm_bwd_s + lt.attention_fwd_s + lt.attention_bwd_s
                                              + (recompute_s if lo.recompute == "selective" else 0)
@@ -489,6 +527,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         "casts": n_micro * cast_s,
         "dp_comm_exposed": dp_exposed,
         "optimizer": optimizer_s,
+        "host_offload": offload_s,
     }
 
     # ---- derived
@@ -506,7 +545,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                 tokens_per_step=tokens_step, tokens_per_s=tokens_step / step_s,
                 tokens_per_s_per_device=tokens_step / step_s / n_dev, model_flops_per_step=model_flops,
                 hardware_flops_per_step=hw_flops, mfu=plan_mfu, hfu=plan_hfu, peak_flops_per_s=peak,
-                power_w_per_device=power)
+                power_w_per_device=power, host_memory_bytes=host_bytes)
     price = hourly_price(s, acc)
     plan.price_per_gpu_hour = price
     if s.tokens:

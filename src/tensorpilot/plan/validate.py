@@ -364,7 +364,8 @@ def _layout_setup(row, spec: ModelSpec):
                        global_batch=batch, precision=precision, kernels=_kernels(row), fp8_recipe=_fp8_recipe(row),
                        grad_dtype=_grad_dtype(row, precision),
                        optimizer=_optimizer(row), attention=_attention(row),
-                       tokens=tokens if tokens and tokens > 0 else None, goodput=_goodput(row))
+                       tokens=tokens if tokens and tokens > 0 else None, goodput=_goodput(row),
+                       offload=_offload(row, sharding))
     return layout, setup
 
 
@@ -450,6 +451,30 @@ def _grad_reduce_overlapped(row, sharding: str) -> bool:
     if not deepspeed or SHARDINGS.get(sharding, 0) == 3:
         return True
     return bool(_switch(row, r"overlap comm"))
+
+
+# host offload named in the notes (TrainSetup.offload), read with _switch so "offload_optim_frac=0.0"
+# or "no offload" is none: the weights (ZeRO-Infinity's offload_param, ZeRO-3 Offload, ColossalAI
+# Gemini's "cpu" placement, FSDP's CPUOffload(offload_params=True)) or the optimizer's part alone
+# (ZeRO-Offload, offload_optimizer, Megatron's --optimizer-cpu-offload, "CPU optimizer offloading")
+_OFFLOAD_PARAMS = r"offload param\w*( frac)?|zero infinity|zero 3 offload|placement policy\W{0,4}cpu|" \
+                  r"offload params\W{0,3}true"
+_OFFLOAD_OPTIMIZER = r"offload optim\w*( frac)?|optimi[sz]er cpu offload\w*|cpu optimi[sz]er offload\w*|" \
+                     r"optimi[sz]er (states? )?offload\w*|zero offload|cpu adam"
+
+
+def _offload(row, sharding: str) -> str:
+    """TrainSetup.offload from the notes: params where they offload the weights of a sharded
+    (ZeRO-3) run, optimizer where they offload the optimizer's part (or the weights of an unsharded
+    run, which no framework offloads alone), none otherwise."""
+    # DeepSpeed's config names the device: "offload_optimizer/offload_param device none" is off
+    notes = re.sub(r"offload[_ ]\w+(?:/offload[_ ]\w+)*\W{0,4}device\W{0,4}none", "", _text(row, "flops_convention"),
+                   flags=re.IGNORECASE)
+    row = {**row, "flops_convention": notes}
+    params = _switch(row, _OFFLOAD_PARAMS)
+    if params and SHARDINGS.get(sharding, 0) == 3:
+        return "params"
+    return "optimizer" if params or _switch(row, _OFFLOAD_OPTIMIZER) else "none"
 
 
 def _goodput(row) -> float | None:
