@@ -433,6 +433,13 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     fwd_s = layers_stage * lt.forward_s
     bwd_s = layers_stage * (lt.backward_s + recompute_s)
     stage_micro_s = fwd_s + bwd_s + layers_stage * (tp_comm_s + cp_comm_s) + head_s + cast_s
+    # eager PyTorch: the device waits for the host where a micro-batch's work is shorter than
+    # dispatching its ops (calibration.EAGER_OPS_PER_BLOCK); a recomputed forward dispatches again
+    host_wait_s = 0.0
+    if s.kernels == "eager":
+        ops = cal.EAGER_OPS_PER_BLOCK["gated" if spec.mlp == "swiglu" else "plain"] * (1 + full / 3)
+        host_wait_s = max(0.0, layers_stage * ops * cal.HOST_SECONDS_PER_OP - stage_micro_s)
+        stage_micro_s += host_wait_s
     if lo.pp > 1:               # activations sent forward and gradients back, Megatron's scatter/gather /t
         bw, alpha = tm.group_link(rates, lo.pp, lo.tp * lo.cp * lo.dp)
         p2p = alpha + tokens_micro * spec.hidden * e / lo.tp / bw
@@ -522,7 +529,9 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                                    + head_s),
         "tp_comm": n_micro * layers_stage * tp_comm_s,
         "pipeline_bubble": pipe_s - n_micro * stage_micro_s,
-        "pp_comm": n_micro * (stage_micro_s - fwd_s - bwd_s - layers_stage * (tp_comm_s + cp_comm_s) - head_s - cast_s),
+        "pp_comm": n_micro * (stage_micro_s - host_wait_s - fwd_s - bwd_s - layers_stage * (tp_comm_s + cp_comm_s)
+                              - head_s - cast_s),
+        "host_dispatch": n_micro * host_wait_s,
         "cp_comm": n_micro * layers_stage * cp_comm_s,
         "casts": n_micro * cast_s,
         "dp_comm_exposed": dp_exposed,

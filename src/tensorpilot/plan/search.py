@@ -178,7 +178,9 @@ def search(spec: ModelSpec, acc: Accelerator, n_devices: int, setup: TrainSetup,
 _REASONS = {"compute": "compute", "memory_bound": "memory-bound ops", "tp_comm": "tensor-parallel communication",
             "pipeline_bubble": "pipeline bubble", "pp_comm": "pipeline transfers",
             "dp_comm_exposed": "exposed data-parallel communication", "optimizer": "optimizer step",
-            "casts": "fp8 / fp4 casts", "cp_comm": "exposed context-parallel key/value exchange"}
+            "casts": "fp8 / fp4 casts", "cp_comm": "exposed context-parallel key/value exchange",
+            "host_dispatch": "waiting for the host to dispatch eager ops",
+            "host_offload": "host offload (transfers and the CPU optimizer step)"}
 
 
 def explain_winner(plans: list[Plan], objective: str) -> list[str]:
