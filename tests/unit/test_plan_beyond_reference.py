@@ -31,13 +31,23 @@ def test_sharding_labels_normalise(label, expected):
 @pytest.mark.parametrize("label,expected", [
     ("fp16 mixed", "fp16"), ("FP16 mixed precision", "fp16"), ("AMP", "fp16-amp"), ("torch.autocast", "fp16-amp"),
     ("fp16 mixed adamw", "fp16-amp"), ("bf16", "bf16-amp"), ("bf16-mixed", "bf16"), ("bf16-true", "bf16-pure"),
-    ("pure bf16", "bf16-pure"), ("FP8", "fp8"), ("fp8 (TE hybrid)", "fp8"), ("float8 rowwise", "fp8"),
+    ("pure bf16", "bf16-pure"), ("16-true", "fp16-pure"), ("pure fp16", "fp16-pure"), ("FP8", "fp8"), ("fp8 (TE hybrid)", "fp8"), ("float8 rowwise", "fp8"),
     ("MXFP8", "fp8"), ("fp32", "fp32"), ("TF32", "tf32"),
     # an fp32 master / optimizer state is part of every half recipe, not its compute dtype (OPT's label)
     ("fp16 weights + fp32 Adam state (sharded)", "fp16"), ("bf16 + fp32 master", "bf16"),
 ])
 def test_precision_labels_normalise(label, expected):
     assert mem.precision_from_label(label) == expected
+
+
+def test_pure_half_recipes_keep_no_fp32_copy():
+    """A model cast to fp16 (Lightning's "16-true") or bf16 trains with half weights, half
+    gradients and half Adam moments: 2 + 2 + 2 x 2 = 8 bytes a parameter, no fp32 master."""
+    for name, dtype in (("fp16-pure", "fp16"), ("bf16-pure", "bf16")):
+        p = mem.precision(name)
+        assert p.compute == dtype
+        states = mem.model_state_bytes(1e9, p)
+        assert sum(states.values()) == pytest.approx(8e9) and states["master_params"] == 0
 
 
 @pytest.mark.parametrize("label", ["zero-9", "quantum"])

@@ -115,7 +115,8 @@ def _cmd_traced(args) -> int:
     dtype = sources.parse_dtype(args.input_dtype) if args.input_dtype else None
     loss = sources.Loss.parse(args.loss, src.loss_fn)
     optimizer = args.optim or ("adamw" if args.optimizer == "adam" else args.optimizer)
-    precision = {"bf16-amp": "bf16", "fp16-amp": "fp16", "bf16-pure": "bf16"}.get(args.precision, args.precision)
+    precision = {"bf16-amp": "bf16", "fp16-amp": "fp16", "bf16-pure": "bf16",
+                 "fp16-pure": "fp16"}.get(args.precision, args.precision)
     if precision not in planner.PRECISIONS:
         raise UsageError(f"--precision {args.precision} is not available for a traced model; use "
                          f"{', '.join(planner.PRECISIONS)}.")

@@ -89,10 +89,11 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     t.add_argument("--global-batch", type=int, default=None, metavar="N",
                    help="Sequences per optimizer step (default: ~1M tokens, at least one per replica).")
     t.add_argument("--precision", default="bf16",
-                   choices=["fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8", "fp4"],
+                   choices=["fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure", "fp8",
+                            "fp4"],
                    help="bf16/fp16: half weights + fp32 master (Adam: 18 B/param, bf16 with fp32 gradients as "
                         "Megatron keeps them; fp16 16 B/param); *-amp: torch.autocast "
-                        "with fp32 weights; bf16-pure: all bf16; fp8 / fp4: bf16 with the block GEMMs in fp8 "
+                        "with fp32 weights; bf16-pure / fp16-pure: everything in the half dtype; fp8 / fp4: bf16 with the block GEMMs in fp8 "
                         "or NVFP4 / MXFP4 (Blackwell, MI355X) (default: bf16).")
     t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit"],
                    help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
@@ -460,7 +461,8 @@ def _cmd_deadline(args) -> int:
 def _cmd_inference(args, spec, acc) -> int:
     from tensorpilot.plan.predict import predict_inference
 
-    dtype = {"bf16-amp": "bf16", "fp16-amp": "fp16", "bf16-pure": "bf16", "tf32": "fp32"}.get(args.precision, args.precision)
+    dtype = {"bf16-amp": "bf16", "fp16-amp": "fp16", "bf16-pure": "bf16", "fp16-pure": "fp16",
+             "tf32": "fp32"}.get(args.precision, args.precision)
     plan = predict_inference(spec, acc, batch=args.batch, context=args.context or spec.max_seq_len, dtype=dtype,
                              kv_dtype=args.kv_dtype, tp=args.tp)
     if args.json:

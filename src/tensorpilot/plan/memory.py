@@ -57,7 +57,7 @@ class Precision:
         return self.name in ("bf16-amp", "fp16-amp")
 
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp8", "fp4")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure", "fp8", "fp4")
 # recipes whose block GEMMs run in a scaled low-precision format (the rest of the step stays bf16)
 LOW_PRECISION_GEMMS = ("fp8", "fp4")
 # dtypes gradients can be accumulated and reduced in, whatever the recipe's default (precision())
@@ -96,6 +96,8 @@ PRECISION_LABELS = {
     **{k: "bf16-amp" for k in ("bf16", "bfloat16", "bf16amp", "ampbf16", "bf16autocast", "bf16mixedautocast",
                                "16bf16mixed", "bf16fsdp2", "bf16fsdpmixedprecision")},
     **{k: "bf16-pure" for k in ("bf16pure", "purebf16", "bf16true", "bf16only", "bf16nomaster", "bf16full")},
+    **{k: "fp16-pure" for k in ("fp16pure", "purefp16", "fp16true", "16true", "fp16only", "fp16nomaster",
+                                "fp16full")},
     **{k: "fp8" for k in ("fp8", "float8", "fp8mixed", "fp8hybrid", "fp8te", "fp8transformerengine", "fp8delayed",
                           "fp8delayedscaling", "fp8currentscaling", "fp8tensorwise", "fp8rowwise", "fp8blockwise",
                           "mxfp8", "fp8bf16", "fp8e4m3", "fp8torchao", "torchaofloat8", "fp8mixedprecision")},
@@ -103,7 +105,8 @@ PRECISION_LABELS = {
 }
 # substrings tried in order when a label is not known whole ("FP16 mixed with AdamW" -> fp16-amp)
 _PRECISION_NEEDLES = (("fp4", "fp4"), ("fp8", "fp8"), ("float8", "fp8"), ("fp16 mixed adamw", "fp16-amp"),
-                      ("bf16 amp", "bf16-amp"), ("bf16 pure", "bf16-pure"), ("fp16 mixed", "fp16"),
+                      ("bf16 amp", "bf16-amp"), ("bf16 pure", "bf16-pure"), ("fp16 pure", "fp16-pure"),
+                      ("fp16 mixed", "fp16"),
                       ("bf16 mixed", "bf16"), ("tf32", "tf32"), ("fp32", "fp32"), ("bf16", "bf16-amp"),
                       ("fp16", "fp16"))
 
@@ -145,8 +148,8 @@ def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float |
               grad_dtype: str | None = None) -> Precision:
     """Recipes: 'fp32'/'tf32' (all fp32), 'bf16'/'fp16' (half weights + fp32 master and Adam,
     Megatron and DeepSpeed; bf16 with fp32 gradients, fp16 with half ones), 'bf16-amp'/'fp16-amp'
-    (torch.autocast: fp32 weights, grads and Adam; half compute), 'bf16-pure' (everything bf16,
-    Adam states too), 'fp8' (Transformer Engine's recipe: bf16 weights with an fp32 master, fp8
+    (torch.autocast: fp32 weights, grads and Adam; half compute), 'bf16-pure'/'fp16-pure' (everything
+    in the half dtype, Adam states too: Lightning's "bf16-true"/"16-true", a model cast with .half()), 'fp8' (Transformer Engine's recipe: bf16 weights with an fp32 master, fp8
     GEMMs, each block weight cached in fp8 with its transpose -- Hopper's fp8 GEMM takes only the
     TN layout --, GEMM inputs saved for backward in fp8; attention, norms and communication in
     bf16; fp32 gradients as under bf16), 'fp4' (the NVFP4 recipe, NVIDIA arXiv 2509.25149 and
@@ -176,8 +179,8 @@ def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float |
         return Precision(name, name, 2, 2, 4, st, 2, 0)
     if name in ("bf16-amp", "fp16-amp"):
         return Precision(name, name[:4], 4, 4, 0, st, 2, 2)
-    if name == "bf16-pure":    # states kept in bf16 too: half of fp32 ones (8-bit and bf16 ones stay)
-        return Precision(name, "bf16", 2, 2, 0, st / 2 if optimizer in ("adam", "adamw", "sgd") else st, 2, 0)
+    if name in ("bf16-pure", "fp16-pure"):   # states kept in half too: half of fp32 ones (8-bit and bf16 ones stay)
+        return Precision(name, name[:4], 2, 2, 0, st / 2 if optimizer in ("adam", "adamw", "sgd") else st, 2, 0)
     if name == "fp8":
         return Precision(name, "fp8", 2, 4, 4, st, 2, 2, gemm_input_bytes=1)
     if name == "fp4":
