@@ -40,6 +40,20 @@ def test_precision_labels_normalise(label, expected):
     assert mem.precision_from_label(label) == expected
 
 
+@pytest.mark.parametrize("label,notes,expected", [
+    ("bf16", "torch default dtype bfloat16 (pure bf16 weights, no fp32 master copy)", "bf16-pure"),
+    ("fp16", "the whole model is cast to fp16 (model.to(torch.float16)); AdamW on fp16 params", "fp16-pure"),
+    ("fp16 mixed", "mixed precision = model.half() + FusedLAMBAMP fp32 master", "fp16"),
+    ("fp16 mixed", "pure fp16 (use_pure_fp16 true = AMP O2) with FusedAdamW", "fp16"),
+    ("bf16 mixed", "Megatron --bf16", "bf16"),
+])
+def test_rows_that_say_the_model_itself_is_half_train_it_pure(label, notes, expected):
+    from tensorpilot.plan.validate import _layout_setup, _spec
+
+    row = _row(precision=label, flops_convention=notes, source="a thread")
+    assert _layout_setup(row, _spec(row))[1].precision == expected
+
+
 def test_pure_half_recipes_keep_no_fp32_copy():
     """A model cast to fp16 (Lightning's "16-true") or bf16 trains with half weights, half
     gradients and half Adam moments: 2 + 2 + 2 x 2 = 8 bytes a parameter, no fp32 master."""

@@ -286,6 +286,14 @@ def _optimizer(row) -> str:
 # model chunks a pipeline stage holds, as the notes write them: "interleaved pipeline (4 chunks)",
 # "virtual pipeline 20", NeMo's and Megatron-Bridge's tables' "VP 10" / "VP=5", the config key
 # virtual_pipeline_model_parallel_size; "VP n/a" names none
+# the notes say the weights themselves are half, with no fp32 copy: "pure fp16", "no fp32 master",
+# a model cast with .half() / .to(torch.float16) or loaded with torch_dtype=float16 and trained so
+_PURE_HALF = re.compile(r"\bpure (fp16|bf16|half|bfloat16|float16)\b|\bno (fp32 )?master|without (an? )?(fp32 )?master|"
+                        r"model\.half\(\)|model\.to\(torch\.(float16|bfloat16)\)|cast (wholly |entirely )?to (fp16|bf16)")
+# ... unless they name an fp32 master after all (apex's model.half() + an fp32-master optimizer;
+# Paddle's "pure fp16" is AMP O2, whose optimizer keeps fp32 master weights: multi_precision)
+_FP32_MASTER = re.compile(r"(?<!no )(?<!without )(?<!without an )(fp32|float32) master|multi_precision|amp o2|"
+                          r"use_pure_fp16|master weights? (in|kept in) fp32")
 # the notes name DeepSpeed-Ulysses as the run's context parallelism (Layout.cp_mode): its ranks
 # swap tokens for heads with all-to-alls; Ulysses-Offload (FPDT) chunks and offloads besides
 _ULYSSES = re.compile(r"\bulysses\b(?![- ]offload)")
@@ -357,6 +365,10 @@ def _layout_setup(row, spec: ModelSpec):
         # Megatron's --bf16 keeps bf16 weights with an fp32 master in the optimizer, not
         # autocast's fp32 weights (a bare "bf16" elsewhere is torchtitan's FSDP2 mixed precision)
         precision = "bf16"
+    if precision in ("fp16", "bf16", "fp16-amp", "bf16-amp") and _PURE_HALF.search(conv) and \
+            not _FP32_MASTER.search(conv):
+        # the notes say the model itself is half: no fp32 master, half states (memory.precision)
+        precision = f"{precision[:4]}-pure"
     # an unpadded run is planned as dense sequences of its mean length, its tokens as real ones
     fraction = _token_fraction(row, spec)
     tokens = tokens * fraction if tokens else tokens
