@@ -29,8 +29,8 @@ from __future__ import annotations
 # / 1307 = 0.60 (ROCm 6.2.4, TunableOp), MI355X 1565 / 2517 = 0.62 (ROCm 7.0.2; the table divides by
 # 2300), Gaudi 2 418.7 / 432 = 0.97, Gaudi 3 1243 / 1835 = 0.68 (it runs at 1600 MHz, the table
 # says, not the 1750 its datasheet peak implies). MI350X is the MI355X's die at 2200 MHz and a lower
-# power limit: its fraction of its own peak is ASSUMED the same, 0.62. Its B200 entry (1745 / 2250 = 0.78, torch 2.7.1 +
-# CUDA 12.8) is higher than OpenXLA's: B200 keeps OpenXLA's, which the NeMo 25.x and MLPerf B200
+# power limit: its fraction of its own peak is ASSUMED the same, 0.62. Its B200 entry (1745 / 2250
+# = 0.78, torch 2.7.1 + CUDA 12.8) is higher than OpenXLA's: B200 keeps OpenXLA's, which the NeMo 25.x and MLPerf B200
 # runs of the validation file follow; newer stacks may run faster (benchmarks/RESULTS.md, ninth pass).
 # V100 (Volta): cuBLAS GEMMs on the tensor cores "deliver up to 83 Tflops/s in mixed precision" of
 # the 125 peak (Markidis et al. 2018, NVIDIA Tensor Core Programmability, Performance & Precision,
@@ -39,7 +39,8 @@ from __future__ import annotations
 MAMF_FRACTION: dict[str, float] = {
     "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
     "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.67, "gb200": 0.67,
-    "mi250x-gcd": 0.77, "v100-sxm2-32gb": 0.66, "mi325x": 0.60, "mi355x": 0.62, "mi350x": 0.62, "gaudi2": 0.97, "gaudi3": 0.68,
+    "mi250x-gcd": 0.77, "v100-sxm2-32gb": 0.66, "mi325x": 0.60, "mi355x": 0.62, "mi350x": 0.62, "gaudi2": 0.97,
+    "gaudi3": 0.68,
 }
 # Devices without a measurement: an ASSUMED fraction between the measured NVIDIA parts.
 DEFAULT_MAMF_FRACTION = 0.80

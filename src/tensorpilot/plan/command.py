@@ -93,8 +93,8 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                             "fp4"],
                    help="bf16/fp16: half weights + fp32 master (Adam: 18 B/param, bf16 with fp32 gradients as "
                         "Megatron keeps them; fp16 16 B/param); *-amp: torch.autocast "
-                        "with fp32 weights; bf16-pure / fp16-pure: everything in the half dtype; fp8 / fp4: bf16 with the block GEMMs in fp8 "
-                        "or NVFP4 / MXFP4 (Blackwell, MI355X) (default: bf16).")
+                        "with fp32 weights; bf16-pure / fp16-pure: everything in the half dtype; fp8 / fp4: bf16 "
+                        "with the block GEMMs in fp8 or NVFP4 / MXFP4 (Blackwell, MI355X) (default: bf16).")
     t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit"],
                    help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
                         "keep much less, see plan/memory.py)")

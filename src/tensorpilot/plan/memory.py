@@ -149,7 +149,8 @@ def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float |
     """Recipes: 'fp32'/'tf32' (all fp32), 'bf16'/'fp16' (half weights + fp32 master and Adam,
     Megatron and DeepSpeed; bf16 with fp32 gradients, fp16 with half ones), 'bf16-amp'/'fp16-amp'
     (torch.autocast: fp32 weights, grads and Adam; half compute), 'bf16-pure'/'fp16-pure' (everything
-    in the half dtype, Adam states too: Lightning's "bf16-true"/"16-true", a model cast with .half()), 'fp8' (Transformer Engine's recipe: bf16 weights with an fp32 master, fp8
+    in the half dtype, Adam states too: Lightning's "bf16-true"/"16-true", a model cast with
+    .half()), 'fp8' (Transformer Engine's recipe: bf16 weights with an fp32 master, fp8
     GEMMs, each block weight cached in fp8 with its transpose -- Hopper's fp8 GEMM takes only the
     TN layout --, GEMM inputs saved for backward in fp8; attention, norms and communication in
     bf16; fp32 gradients as under bf16), 'fp4' (the NVFP4 recipe, NVIDIA arXiv 2509.25149 and

@@ -29,8 +29,8 @@ from tensorpilot.plan.limits import (MAX_DEVICES, MAX_GRID_G_PER_KWH, MAX_PRICE_
                                      MAX_SEQUENCES, MAX_TOKENS, check_count, check_number)
 from tensorpilot.plan.models import ModelSpec
 
-__all__ = ["OFFLOADS", "InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "hourly_price", "least_recompute",
-           "predict", "predict_inference", "recompute_share"]
+__all__ = ["OFFLOADS", "InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "hourly_price",
+           "least_recompute", "predict", "predict_inference", "recompute_share"]
 
 
 # what lives in host memory: nothing; the optimizer's part (fp32 master, states, fp32 gradients;

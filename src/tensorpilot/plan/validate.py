@@ -283,13 +283,11 @@ def _optimizer(row) -> str:
     return _OPTIMIZERS[label]
 
 
-# model chunks a pipeline stage holds, as the notes write them: "interleaved pipeline (4 chunks)",
-# "virtual pipeline 20", NeMo's and Megatron-Bridge's tables' "VP 10" / "VP=5", the config key
-# virtual_pipeline_model_parallel_size; "VP n/a" names none
 # the notes say the weights themselves are half, with no fp32 copy: "pure fp16", "no fp32 master",
 # a model cast with .half() / .to(torch.float16) or loaded with torch_dtype=float16 and trained so
-_PURE_HALF = re.compile(r"\bpure (fp16|bf16|half|bfloat16|float16)\b|\bno (fp32 )?master|without (an? )?(fp32 )?master|"
-                        r"model\.half\(\)|model\.to\(torch\.(float16|bfloat16)\)|cast (wholly |entirely )?to (fp16|bf16)")
+_PURE_HALF = re.compile(r"\bpure (fp16|bf16|half|bfloat16|float16)\b|\bno (fp32 )?master|"
+                        r"without (an? )?(fp32 )?master|model\.half\(\)|model\.to\(torch\.(float16|bfloat16)\)|"
+                        r"cast (wholly |entirely )?to (fp16|bf16)")
 # ... unless they name an fp32 master after all (apex's model.half() + an fp32-master optimizer;
 # Paddle's "pure fp16" is AMP O2, whose optimizer keeps fp32 master weights: multi_precision)
 _FP32_MASTER = re.compile(r"(?<!no )(?<!without )(?<!without an )(fp32|float32) master|multi_precision|amp o2|"
@@ -297,6 +295,9 @@ _FP32_MASTER = re.compile(r"(?<!no )(?<!without )(?<!without an )(fp32|float32) 
 # the notes name DeepSpeed-Ulysses as the run's context parallelism (Layout.cp_mode): its ranks
 # swap tokens for heads with all-to-alls; Ulysses-Offload (FPDT) chunks and offloads besides
 _ULYSSES = re.compile(r"\bulysses\b(?![- ]offload)")
+# model chunks a pipeline stage holds, as the notes write them: "interleaved pipeline (4 chunks)",
+# "virtual pipeline 20", NeMo's and Megatron-Bridge's tables' "VP 10" / "VP=5", the config key
+# virtual_pipeline_model_parallel_size; "VP n/a" names none
 _VIRTUAL_STAGES = re.compile(r"interleaved pipeline \((\d{1,6}) chunks\)|virtual pipeline (?:stages? |size )?[=:]?\s*"
                              r"(\d{1,6})|\bvp(?:[ _-]?size)?\s*[=:]?\s*(\d{1,6})\b|"
                              r"virtual[_ ]pipeline[_ ]model[_ ]parallel[_ ]size\s*[=:]?\s*(\d{1,6})")
@@ -388,10 +389,10 @@ _NO_FLASH = re.compile(r"\b(no|not|without|w/o)\b[^;,.]{0,12}(flash|fa\b)|flash[
                        r"scores materiali[sz]ed|attention disabled")
 # a fused attention kernel named in the notes (FlexAttention: PyTorch's compiled one, ~90% of
 # FlashAttention-2 forward and ~85% backward per its release post, pytorch.org/blog/flexattention,
-# 2024), or software that runs one by default (NeMo and
-# Megatron-Core build attention from Transformer Engine's fused kernel); read with _switch, so
-# "fused attention disabled" is not one. Transformer Engine alone is not: it may run only the
-# linear layers (Pax's ENABLE_TE without NVTE_FUSED_ATTN)
+# 2024), or software that runs one by default (NeMo and Megatron-Core build attention from
+# Transformer Engine's fused kernel); read with _switch, so "fused attention disabled" is not one.
+# Transformer Engine alone is not: it may run only the linear layers (Pax's ENABLE_TE without
+# NVTE_FUSED_ATTN)
 _FUSED_ATTENTION = (r"flash|fmha|fused (multi head )?attention|\bsdpa\b|scaled dot product attention|"
                     r"\bte (fused )?attention|\bnemo\b|megatron core|\bmcore\b|flex ?attention")
 
