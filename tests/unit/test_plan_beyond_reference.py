@@ -1187,6 +1187,23 @@ def test_a_pipelined_row_without_a_global_batch():
     assert predict_row(memory).predicted == pytest.approx(predict_row(larger).predicted)
 
 
+def test_a_row_naming_no_accelerator_is_not_guessed():
+    """A speed or a memory depends on the device: a blank gpu column is reported, not planned on a
+    default part; a weights-only row needs none."""
+    from tensorpilot.plan.validate import predict_row
+
+    speed = predict_row(_row(gpu=""))
+    assert speed.predicted is None and "names no accelerator" in speed.note
+    weights = predict_row(_row(gpu="", metric="weights_memory", value="140", unit="GB", precision="bf16"))
+    assert weights.predicted == pytest.approx(2 * _spec_of(_row()).n_params / 1e9)
+
+
+def _spec_of(row):
+    from tensorpilot.plan.validate import _spec
+
+    return _spec(row)
+
+
 @pytest.mark.parametrize("notes,pattern,expected", [
     ("--tp-comm-overlap --overlap-grad-reduce", "tp comm overlap", True),
     ("ub_tp_comm_overlap false; overlap_grad_reduce true", "tp comm overlap", False),   # NeMo's config key

@@ -35,7 +35,7 @@ How a row becomes a prediction, with every rule stated (none is per row):
   pipelined row without a global batch has no bubble to predict (speed metrics: not modelled;
   memory: the smallest batch that fills the pipeline).
 
-A row the planner cannot model (an unknown label, accelerator or metric, a malformed number, a
+A row the planner cannot model (an unknown label, accelerator or metric, no accelerator named, a malformed number, a
 size that is zero or negative, a missing column, a layout that cannot run) is reported with its
 reason and predicted as n/a; the other rows are predicted all the same. Only a file that is not a published-runs CSV at all
 (missing, unreadable, not CSV text, no header or no rows) stops the command.
@@ -78,8 +78,7 @@ GPU_NAMES = {"a100-80gb": "a100-sxm4-80gb", "a100 80gb": "a100-sxm4-80gb", "a100
              "a100-40gb": "a100-sxm4-40gb", "a100 40gb": "a100-sxm4-40gb", "h200": "h200-sxm",
              # the 16 GB V100 is not in the catalog; its rates equal the 32 GB part's, and the rows
              # that use it are memory measurements, which do not depend on capacity
-             "v100-16gb": "v100-sxm2-32gb", "v100-32gb": "v100-sxm2-32gb", "v100": "v100-sxm2-32gb",
-             "any": "h100-sxm"}
+             "v100-16gb": "v100-sxm2-32gb", "v100-32gb": "v100-sxm2-32gb", "v100": "v100-sxm2-32gb"}
 # software whose attention is a fused (flash) kernel: llm-foundry, torchtitan, NeMo / Megatron-Core
 # (Transformer Engine's fused attention), the Llama 3 stack; the Megatron-LM papers of 2019-22,
 # Megatron-DeepSpeed (BLOOM, MT-NLG), metaseq (OPT) and the HF BERT guide materialise the scores
@@ -779,7 +778,8 @@ def _predict(row, result: RowResult) -> float | None:
     if result.metric in TOTALS and not (_number(row, "tokens") if "tokens" in row else None):
         raise ConfigError(f"metric {result.metric!r} needs the row's training tokens (column 'tokens')")
     layout, setup = _layout_setup(row, spec)
-    gpu = _text(row, "gpu") or "any"
+    # a speed or a memory depends on the device: a row that names none is not guessed at
+    gpu = _required(_text(row, "gpu") or None, "the row names no accelerator (column 'gpu')")
     acc = catalog.get(GPU_NAMES.get(gpu.lower(), gpu))
     if _layout_stated(row):
         plan = _completed_plan(row, spec, acc, layout, setup)
