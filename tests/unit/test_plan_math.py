@@ -233,6 +233,31 @@ def test_a_sliding_window_shortens_long_context_steps_and_caches():
     assert mem.kv_cache_bytes(base, batch=1, context=32768) == 8 * mem.kv_cache_bytes(spec, batch=1, context=32768)
 
 
+def test_packed_documents_under_a_document_mask_cost_each_documents_pairs():
+    """A 32k-token sequence packing 16 documents of 2,048 tokens under a document mask that the
+    kernel skips: causal pairs 16 x 2,048^2 / 2 instead of 32,768^2 / 2 (a sixteenth); with a
+    sliding window each document is windowed; materialised scores are computed in full."""
+    from dataclasses import replace
+
+    from tensorpilot.hardware import catalog
+    from tensorpilot.plan.flops import attention_core_flops
+    from tensorpilot.plan.predict import Layout, TrainSetup, predict
+
+    spec = get_model("llama3-8b")                                  # q_dim 4096
+    assert attention_core_flops(spec, 1, 32768, "causal", doc_len=2048) == 2 * 2 * 16 * 2048 * 2048 / 2 * 4096
+    assert attention_core_flops(spec, 1, 32768, "causal", doc_len=32768) == attention_core_flops(spec, 1, 32768, "causal")
+    windowed = replace(spec, attention_window=512, windowed_layers=32)
+    assert attention_core_flops(windowed, 1, 32768, "causal", doc_len=2048) == \
+        2 * 2 * 16 * (2048 * 512 - 512 * 512 / 2) * 4096
+    acc, lo = catalog.get("h100-sxm"), Layout(dp=8, sharding="fsdp", recompute="full")
+    whole = TrainSetup(seq_len=32768, global_batch=8)
+    docs = replace(whole, doc_len=2048)
+    assert predict(spec, acc, lo, docs).step_time_s < 0.6 * predict(spec, acc, lo, whole).step_time_s
+    eager = replace(whole, attention="materialized")
+    assert predict(spec, acc, lo, replace(eager, doc_len=2048)).step_time_s == \
+        pytest.approx(predict(spec, acc, lo, eager).step_time_s)
+
+
 @pytest.mark.parametrize("extra,window,windowed", [
     ({"model_type": "mistral", "sliding_window": 4096}, 4096, 32),                    # Mistral 7B v0.1
     ({"model_type": "mistral", "sliding_window": None}, 0, 0),                        # v0.2 and later

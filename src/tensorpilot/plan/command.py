@@ -98,6 +98,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit"],
                    help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
                         "keep much less, see plan/memory.py)")
+    t.add_argument("--doc-len", type=int, default=None, metavar="N",
+                   help="Packed sequences of documents N tokens long under a document mask that the attention "
+                        "kernel skips (FlexAttention block mask, FlashAttention varlen): attention costs each "
+                        "document's pairs, not the whole sequence's (default: one document a sequence).")
     t.add_argument("--offload", default="none", choices=["none", "optimizer", "params"],
                    help="Keep state in host memory: optimizer = fp32 master, Adam states and gradients with "
                         "Adam stepped on the CPU (DeepSpeed ZeRO-Offload, Megatron --optimizer-cpu-offload); "
@@ -240,7 +244,7 @@ def _setup(args, spec, replicas: int):
                       price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
                       else cal.DEFAULT_GRID_G_PER_KWH,
-                      goodput=args.goodput, offload=args.offload)
+                      goodput=args.goodput, offload=args.offload, doc_len=args.doc_len)
 
 
 def accelerator(args, default: str = DEFAULT_GPU):
@@ -333,6 +337,10 @@ def _print_plan(plan, spec, setup) -> None:
     con.print(f"[bold]{spec.name}[/] ({spec.n_params / 1e9:,.2f}B params) on {plan.n_devices} x {plan.hardware}, "
               f"layout [bold]{plan.layout}[/] ({lo.describe()}), seq {setup.seq_len}, global batch "
               f"{setup.global_batch}, {setup.precision}, {setup.attention} attention, {setup.kernels} kernels")
+    if setup.doc_len and setup.doc_len < setup.seq_len:
+        con.print(f"packed documents of {setup.doc_len:,} tokens under a document mask"
+                  + ("" if setup.attention in FUSED_ATTENTION else
+                     " (materialised scores are computed in full: the mask saves nothing there)"))
     if spec.attention_window:
         con.print(f"sliding-window attention: {spec.windowed_layers} of {spec.layers} blocks see the "
                   f"latest {spec.attention_window:,} keys"

@@ -76,14 +76,20 @@ def op_recomputed_gemm_flops(spec: ModelSpec, tokens: int) -> int:
     return sum(2 * tokens * w for w in linears[1::2])
 
 
-def attention_core_flops(spec: ModelSpec, batch: int, seq_len: int, attention: str = "full") -> int:
+def attention_core_flops(spec: ModelSpec, batch: int, seq_len: int, attention: str = "full",
+                         doc_len: int | None = None) -> int:
     """Forward FLOPs of Q K^T and A V for one layer, averaged over the blocks: 2 x 2 b (query, key
     pairs) (a x head_dim, which is h unless the heads are wider). Pairs: s^2 ("causal": the half a
     causal kernel computes, s^2 / 2). A block with a sliding window w < s (spec.attention_window)
     pairs each query with its w latest keys: s w ("causal": s w - w^2 / 2, the first w queries
-    seeing fewer), which is what a windowed flash kernel (FlashAttention-2's window_size) computes."""
+    seeing fewer), which is what a windowed flash kernel (FlashAttention-2's window_size) computes.
+    ``doc_len``: each sequence packs documents of that many tokens under a document mask that the
+    kernel skips (FlexAttention's block mask, FlashAttention's varlen): s / d documents, each with
+    the pairs above at length d."""
     if attention not in _ATTENTION:
         raise ValueError(f"attention convention must be one of {_ATTENTION}, not {attention!r}")
+    if doc_len and doc_len < seq_len:
+        return round(attention_core_flops(spec, batch, doc_len, attention) * seq_len / doc_len)
     causal = attention == "causal"
     pairs = seq_len * seq_len / 2 if causal else seq_len * seq_len
     w = spec.attention_window

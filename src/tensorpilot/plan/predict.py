@@ -55,6 +55,7 @@ class TrainSetup:
     grid_g_per_kwh: float = cal.DEFAULT_GRID_G_PER_KWH
     goodput: float | None = None          # share of wall-clock that trains; None: cal.goodput(devices)
     offload: str = "none"                 # host offload: none | optimizer (ZeRO-Offload) | params (+ weights, ZeRO-3)
+    doc_len: int | None = None            # tokens a packed document has, under a document mask; None: one a sequence
 
     def __post_init__(self) -> None:
         check_count("seq_len", self.seq_len, MAX_SEQ_LEN)
@@ -74,6 +75,8 @@ class TrainSetup:
             raise ConfigError(f"fp8_recipe must be one of {', '.join(cal.FP8_RECIPES)}, not {self.fp8_recipe!r}.")
         if self.offload not in OFFLOADS:
             raise ConfigError(f"offload must be one of {', '.join(OFFLOADS)}, not {self.offload!r}.")
+        if self.doc_len is not None:
+            check_count("doc_len", self.doc_len, MAX_SEQ_LEN)
 
     def goodput_on(self, n_devices: int) -> float:
         """The stated goodput, or the one interruptions leave on ``n_devices`` (calibration.goodput)."""
@@ -365,7 +368,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # ---- time of one micro-batch through the busiest stage
     lt = tm.layer_times(spec, rates, seq_len=seq_local, micro_batch=lo.micro_batch, tp=lo.tp,
                         sequence_parallel=lo.sequence_parallel, attention=s.attention, e=e, kv_len=s.seq_len,
-                        kernels=s.kernels, autocast=prec.autocast)
+                        kernels=s.kernels, autocast=prec.autocast, doc_len=s.doc_len)
     # op-level SAC re-runs every second linear (their share of the block's GEMM FLOPs) and every
     # elementwise op, not attention
     op_gemm_s = lt.gemm_fwd_s * op_recomputed_gemm_flops(spec, 1) / sum(g.flops for g in layer_gemms(spec, 1)) \

@@ -216,17 +216,19 @@ def score_bytes_per_element(spec: ModelSpec, e: float, kernels: str = "fused", a
 
 def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batch: int, tp: int,
                 sequence_parallel: bool, attention: str, e: float, kv_len: int | None = None,
+                doc_len: int | None = None,
                 kernels: str = "fused", autocast: bool = False) -> LayerTimes:
     """``seq_len``: the tokens of each sequence on this device; ``kv_len``: the keys each of
     them attends over (context parallelism: seq_len / cp local queries against all seq_len keys,
-    chunks load-balanced so each rank gets 1/cp of the causal work)."""
+    chunks load-balanced so each rank gets 1/cp of the causal work); ``doc_len``: the documents
+    packed in each sequence, under a mask a fused kernel skips (materialised scores stay full)."""
     kv_len = kv_len or seq_len
     tokens = seq_len * micro_batch
     gemms = layer_gemms(spec, tokens, tp)
     gemm = sum(gemm_time_s(g.m, g.k, g.n, rates, e) for g in gemms)
     gemm_bwd = sum(backward_gemms_time_s(g.m, g.k, g.n, rates, e) for g in gemms)
     if attention in FUSED_ATTENTION:
-        flops = attention_core_flops(spec, micro_batch, kv_len, "causal" if spec.causal else "full") / tp \
+        flops = attention_core_flops(spec, micro_batch, kv_len, "causal" if spec.causal else "full", doc_len) / tp \
             * seq_len / kv_len
         rate = rates.attention_flops_per_s * (cal.FIRST_GEN_FLASH_SPEED if attention == "flash1" else 1.0)
         att_f = max(flops / rate, cal.KERNEL_FLOOR_S)
