@@ -228,8 +228,8 @@ def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batc
     gemm = sum(gemm_time_s(g.m, g.k, g.n, rates, e) for g in gemms)
     gemm_bwd = sum(backward_gemms_time_s(g.m, g.k, g.n, rates, e) for g in gemms)
     if attention in FUSED_ATTENTION:
-        flops = attention_core_flops(spec, micro_batch, kv_len, "causal" if spec.causal else "full", doc_len) / tp \
-            * seq_len / kv_len
+        convention = "causal" if spec.causal else "full"
+        flops = attention_core_flops(spec, micro_batch, kv_len, convention, doc_len) / tp * seq_len / kv_len
         rate = rates.attention_flops_per_s * (cal.FIRST_GEN_FLASH_SPEED if attention == "flash1" else 1.0)
         att_f = max(flops / rate, cal.KERNEL_FLOOR_S)
         att_b = cal.FLASH_BACKWARD_RATIO * att_f

@@ -35,9 +35,9 @@ How a row becomes a prediction, with every rule stated (none is per row):
   pipelined row without a global batch has no bubble to predict (speed metrics: not modelled;
   memory: the smallest batch that fills the pipeline).
 
-A row the planner cannot model (an unknown label, accelerator or metric, no accelerator named, a malformed number, a
-size that is zero or negative, a missing column, a layout that cannot run) is reported with its
-reason and predicted as n/a; the other rows are predicted all the same. Only a file that is not a published-runs CSV at all
+A row the planner cannot model (an unknown label, accelerator or metric, no accelerator named, a
+malformed number, a size that is zero or negative, a missing column, a layout that cannot run) is
+reported with its reason and predicted as n/a; the other rows are predicted all the same. Only a file that is not a published-runs CSV at all
 (missing, unreadable, not CSV text, no header or no rows) stops the command.
 """
 
