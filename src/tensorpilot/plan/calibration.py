@@ -112,12 +112,15 @@ KERNEL_FLOOR_S = 5e-6
 # Eager PyTorch dispatches every op from the host, and the device cannot run ahead of that: a
 # block's forward and backward cost the host its op count x the time one op takes to dispatch.
 # Ops a block dispatches (aten ops incl. views, forward + backward, counted with a TorchDispatchMode
-# on Hugging Face transformers 4.57.6's models, benchmarks/RESULTS.md tenth pass): Llama 76 + 141
-# (gated MLP, RMSNorm and RoPE composite), GPT-2 74 + 97, OPT 54 + 99, BERT 67 + 115 (the three
-# mean 169). One op: ~4.5 us for eager `x + 1` (J. Ansel, "Micro-optimizations for the most micro
-# of benchmarks", dev-discuss.pytorch.org, 2023, i9-11900K); 4.3-6.1 us a dispatched op fwd+bwd
-# measured on this project's CPUs with those models: 5 us, a floor (a CUDA launch adds its own).
-EAGER_OPS_PER_BLOCK = {"gated": 217, "plain": 169}
+# on Hugging Face transformers 4.57.6's models: benchmarks/eager_op_count.py), by MLP and by
+# whether attention is one fused SDPA call or materialised op by op: Llama 76 + 141 (gated MLP,
+# RMSNorm and RoPE composite) / 101 + 164; GPT-2 74 + 97 / 74 + 98, OPT 54 + 99 / 70 + 117, BERT
+# 67 + 115 / 67 + 114 (plain: the three's mean). One op: ~4.5 us for eager `x + 1` (J. Ansel,
+# "Micro-optimizations for the most micro of benchmarks", dev-discuss.pytorch.org, 2023,
+# i9-11900K); the same script measures 4-6 us a dispatched op on this project's CPUs: 5 us, a
+# floor (a CUDA launch adds its own).
+EAGER_OPS_PER_BLOCK = {("gated", "fused"): 217, ("plain", "fused"): 169,
+                       ("gated", "materialized"): 265, ("plain", "materialized"): 180}
 HOST_SECONDS_PER_OP = 5e-6
 
 # ------------------------------------------------------------------------------ memory traffic

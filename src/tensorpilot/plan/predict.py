@@ -440,7 +440,9 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # dispatching its ops (calibration.EAGER_OPS_PER_BLOCK); a recomputed forward dispatches again
     host_wait_s = 0.0
     if s.kernels == "eager":
-        ops = cal.EAGER_OPS_PER_BLOCK["gated" if spec.mlp == "swiglu" else "plain"] * (1 + full / 3)
+        kind = ("gated" if spec.mlp == "swiglu" else "plain",
+                "fused" if s.attention in tm.FUSED_ATTENTION else "materialized")
+        ops = cal.EAGER_OPS_PER_BLOCK[kind] * (1 + full / 3)
         host_wait_s = max(0.0, layers_stage * ops * cal.HOST_SECONDS_PER_OP - stage_micro_s)
         stage_micro_s += host_wait_s
     if lo.pp > 1:               # activations sent forward and gradients back, Megatron's scatter/gather /t
@@ -498,9 +500,11 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                 dp_exposed += _exposed(ag, n_micro * fwd_s, layers_stage) if lo.overlap_comm else ag
 
     # ---- optimizer: streams weights, grads, master and states once each way
+    # (offloaded: the host steps it, below)
     opt_params = params_stage / (shard if lo.zero_stage >= 1 else 1)
-    opt_bytes = opt_params * (prec.grad_bytes + 2 * (prec.master_bytes or prec.param_bytes)
-                              + 2 * prec.optim_bytes + (prec.param_bytes if prec.master_bytes else 0))
+    opt_bytes = 0.0 if s.offload != "none" else \
+        opt_params * (prec.grad_bytes + 2 * (prec.master_bytes or prec.param_bytes)
+                      + 2 * prec.optim_bytes + (prec.param_bytes if prec.master_bytes else 0))
     if lowp:                    # block weights cast and transposed once a step: read 2, write 2 copies
         opt_bytes += layers_stage * spec.layer_params / lo.tp * (2 + prec.weight_copy_bytes)
     offload_s = 0.0
@@ -509,7 +513,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         # cross to the host behind backward; Adam runs on the CPU over the rank's shard at the
         # host's memory bandwidth while the updated half weights cross back chunk by chunk (the
         # longer of the two); offloaded weights also cross up for each forward and backward gather
-        link = (acc.host_link_gb_per_s or cal.HOST_LINK_GB_PER_S) * 1e9 / 2 * cal.LINK_BW_FRACTION
+        link = rates.host_link_bytes_per_s or cal.HOST_LINK_GB_PER_S * 1e9 / 2 * cal.LINK_BW_FRACTION
         half = DTYPE_COMPUTE_BYTES(prec)
         down = opt_params * half / link
         host_bw = cal.HOST_MEMORY_BYTES_PER_S / min(lo.n_devices, rates.gpus_per_node)
@@ -518,7 +522,6 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         if s.offload == "params":
             up = params_stage / shard * half / link
             offload_s += n_micro * (_exposed(up, fwd_s, layers_stage) + _exposed(up, bwd_micro_s, layers_stage))
-        opt_bytes = layers_stage * spec.layer_params / lo.tp * (2 + prec.weight_copy_bytes) if lowp else 0.0
     optimizer_s = opt_bytes / rates.mem_bytes_per_s
 
     pipe_s = tm.pipeline_time_s(stage_micro_s, lo.pp, n_micro, lo.schedule, lo.virtual_stages)

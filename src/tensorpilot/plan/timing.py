@@ -33,9 +33,8 @@ ATTENTION = ("flash", "flash1", "materialized")
 FUSED_ATTENTION = ("flash", "flash1")
 
 __all__ = ["ATTENTION", "FUSED_ATTENTION", "KERNELS", "DeviceRates", "allgather_time_s", "allreduce_time_s",
-           "alltoall_time_s",
-           "backward_gemms_time_s", "bubble_fraction", "gemm_time_s", "layer_times", "pipeline_time_s",
-           "reducescatter_time_s", "ring_allreduce_bytes_factor", "score_bytes_per_element"]
+           "alltoall_time_s", "backward_gemms_time_s", "bubble_fraction", "gemm_time_s", "layer_times",
+           "pipeline_time_s", "reducescatter_time_s", "ring_allreduce_bytes_factor", "score_bytes_per_element"]
 
 
 @dataclass(frozen=True, slots=True)
