@@ -54,6 +54,11 @@ def test_train_writes_summary_metrics_tensorboard_and_checkpoint(tmp_path):
     assert (run / "checkpoints" / "step_00000012" / "model.safetensors").exists()
     assert "bf16" in proc.stdout or "fp32" in proc.stdout     # the precision reason is printed
     assert "summary" in proc.stdout
+    # the formula planner's kernel share this stack reached (plan.anchor), for `plan --stack-efficiency`
+    f = s["predicted"]["formula"]
+    assert 0.01 <= f["stack_efficiency"] <= 4 and "--stack-efficiency" in proc.stdout
+    if f["stack_efficiency_reached"]:   # planned slower at a share below 1, faster above
+        assert (f["stack_efficiency"] < 1) == (s["predicted"]["measured_step_time_s"] > f["step_time_s"])
 
 
 def test_print_config_reflects_toml_and_cli_precedence(tmp_path):

@@ -22,6 +22,9 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     p.add_argument("action", nargs="?", choices=["validate"],
                    help="'validate FILE.csv': predict every row of a published-runs CSV and report errors.")
     p.add_argument("file", nargs="?", metavar="FILE.csv", help="The CSV for 'validate'.")
+    p.add_argument("--anchor", action="store_true",
+                   help="With 'validate': also predict each source's other speed rows at the stack efficiency "
+                        "its first speed row measures (what one measured run of a stack buys; plan.anchor).")
     m = p.add_argument_group("model")
     m.add_argument("--model", default="llama3-8b", metavar="NAME",
                    help="Preset (see --list-models; tp-gpt-<size> is the built-in gpt) or a config.json "
@@ -123,6 +126,15 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="Dtype gradients are accumulated and reduced in (default: the precision's: fp32 for "
                         "bf16 and fp8 as Megatron-LM keeps them, the weights' dtype otherwise; NVIDIA's NeMo "
                         "performance recipes reduce in bf16).")
+    a = p.add_argument_group("your stack (plan.anchor: one measured step carries to other layouts, sizes, parts)")
+    a.add_argument("--measured-step-s", type=float, default=None, metavar="S",
+                   help="A step of this layout (--gpu, --tp/--pp/--dp/..., --global-batch) measured on your stack: "
+                        "the planner solves the share of its kernel rates your stack reaches and plans (or "
+                        "--search-es) with it.")
+    a.add_argument("--measured-tokens-per-s", type=float, default=None, metavar="N",
+                   help="The same as a throughput: tokens a second over all devices of the measured layout.")
+    a.add_argument("--stack-efficiency", type=float, default=None, metavar="X",
+                   help="That share, as an earlier --measured-step-s printed it (default 1: a tuned stack).")
     c = p.add_argument_group("time, cost and energy")
     c.add_argument("--tokens", type=float, default=None, metavar="N",
                    help="Tokens to train (e.g. 1e12) for time, GPU-hours, cost and energy.")
@@ -181,8 +193,8 @@ def _flag(name: str) -> str:
 
 def _check_options(args) -> None:
     """Every number in range and every combination meaningful, before any model is read."""
-    from tensorpilot.plan.limits import (MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_TOKENS, check_count,
-                                         check_number)
+    from tensorpilot.plan.limits import (MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_STACK_EFFICIENCY, MAX_TOKENS,
+                                         check_count, check_number)
 
     for name, high in _int_limits().items():
         if getattr(args, name) is not None:
@@ -195,6 +207,17 @@ def _check_options(args) -> None:
         check_number("--grid-intensity", args.grid_intensity, MAX_GRID_G_PER_KWH)
     if args.goodput is not None:
         check_number("--goodput", args.goodput, 1.0, above_low=True)
+    for name in ("measured_step_s", "measured_tokens_per_s"):
+        if getattr(args, name) is not None:
+            check_number(_flag(name), getattr(args, name), 1e30, above_low=True)
+    if args.stack_efficiency is not None:
+        check_number("--stack-efficiency", args.stack_efficiency, MAX_STACK_EFFICIENCY, above_low=True)
+    given = [f for f in ("measured_step_s", "measured_tokens_per_s", "stack_efficiency") if getattr(args, f) is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(map(_flag, given))} say the same thing; pass one of them.")
+    if given and given[0] != "stack_efficiency" and (args.deadline is not None or args.inference):
+        raise UsageError(f"{_flag(given[0])} anchors a training layout; with --deadline pass the stack "
+                         "efficiency that `plan ... " + _flag(given[0]) + "` printed as --stack-efficiency X.")
     modes = [m for m, on in (("--search", args.search), ("--deadline", args.deadline is not None),
                              ("--inference", args.inference)) if on]
     if len(modes) > 1:
@@ -244,7 +267,8 @@ def _setup(args, spec, replicas: int):
                       price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
                       else cal.DEFAULT_GRID_G_PER_KWH,
-                      goodput=args.goodput, offload=args.offload, doc_len=args.doc_len)
+                      goodput=args.goodput, offload=args.offload, doc_len=args.doc_len,
+                      stack_efficiency=args.stack_efficiency or 1.0)
 
 
 def accelerator(args, default: str = DEFAULT_GPU):
@@ -271,6 +295,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _cmd_validate(args)
     if args.file:
         raise UsageError(f"unexpected argument {args.file!r}; did you mean `tensorpilot plan validate FILE.csv`?")
+    if args.anchor:
+        raise UsageError("--anchor goes with validate (`tensorpilot plan validate FILE.csv --anchor`); to anchor a "
+                         "plan on your stack pass --measured-step-s S.")
     if args.list_models:
         from tensorpilot.plan.models import preset_names
 
@@ -286,13 +313,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
     gpus = _device_count(args)
     if args.search:
         return _cmd_search(args, spec, acc, gpus)
-    from tensorpilot.plan.predict import Layout, check_layout, predict
+    from tensorpilot.plan.predict import predict
+
+    layout, setup, anchor = _layout_setup(args, spec, acc, gpus)
+    plan = predict(spec, acc, layout, setup)
+    if anchor:
+        plan.notes.insert(0, anchor)
+    if args.json:
+        print(_json(plan.to_dict()))
+    else:
+        _print_plan(plan, spec, setup)
+    return 0
+
+
+def _layout_setup(args, spec, acc, gpus: int):
+    """The layout the flags describe, its setup, and -- when a measured step anchors it -- the
+    setup at the stack efficiency that reproduces the measurement, with a sentence saying so."""
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.predict import Layout, check_layout
 
     if gpus % (args.tp * args.pp * args.cp):
         raise ConfigError(f"tp x pp x cp = {args.tp * args.pp * args.cp} does not divide --gpus {gpus}.")
     dp = args.dp or gpus // (args.tp * args.pp * args.cp)
-    from tensorpilot.plan import calibration as cal
-
     hybrid = args.sharding == "hsdp"            # fsdp sharded over a node's devices, replicated across nodes
     layout = Layout(tp=args.tp, pp=args.pp, dp=dp, sharding="fsdp" if hybrid else args.sharding,
                     sequence_parallel=args.sequence_parallel, micro_batch=args.micro_batch, schedule=args.schedule,
@@ -303,12 +345,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     overlap_grad_reduce=not args.grad_reduce_after_backward)
     setup = _setup(args, spec, dp)
     check_layout(spec, layout, setup, n_devices=gpus)
-    plan = predict(spec, acc, layout, setup)
-    if args.json:
-        print(_json(plan.to_dict()))
-    else:
-        _print_plan(plan, spec, setup)
-    return 0
+    step_s = args.measured_step_s
+    if args.measured_tokens_per_s is not None:
+        step_s = setup.global_batch * setup.seq_len / args.measured_tokens_per_s
+    if step_s is None:
+        return layout, setup, None
+    from dataclasses import replace
+
+    from tensorpilot.plan.anchor import stack_efficiency
+
+    found = stack_efficiency(spec, acc, layout, setup, step_s)
+    setup = replace(setup, stack_efficiency=found.efficiency)
+    said = (f"stack efficiency {found.efficiency:.3g}: the share of the planner's kernel rates at which "
+            f"{layout.describe()} steps in the measured {step_s:,.4g} s (pass --stack-efficiency "
+            f"{found.efficiency:.3g} to plan other runs of this stack)")
+    if not found.reached:
+        said += ("; no share reproduces the measurement (communication or the host, not the kernels, set "
+                 "this step's time), so it is clamped")
+    return layout, setup, said
 
 
 def _gib(x: float) -> str:
@@ -382,16 +436,22 @@ def _print_plan(plan, spec, setup) -> None:
 
 def _cmd_search(args, spec, acc, gpus: int) -> int:
     import time
+    from dataclasses import replace
 
     from tensorpilot.plan.search import search
 
     t0 = time.perf_counter()
-    setup = _setup(args, spec, 1)
+    setup, anchor = _setup(args, spec, 1), None
+    if args.measured_step_s is not None or args.measured_tokens_per_s is not None:
+        # the measured layout is the one the flags describe; the search plans every other at its efficiency
+        _, anchored, anchor = _layout_setup(args, spec, acc, gpus)
+        setup = replace(setup, stack_efficiency=anchored.stack_efficiency)
     res = search(spec, acc, gpus, setup, objective=args.objective, top=args.top)
     elapsed = time.perf_counter() - t0
     if args.json:
         print(_json({"objective": res.objective, "considered": res.considered, "invalid": res.invalid,
                      "not_fitting": res.not_fitting, "search_s": elapsed, "why": res.why,
+                     "stack_efficiency": setup.stack_efficiency, "anchor": anchor,
                      "ranked": [p.to_dict() for p in res.ranked]}))
         return 0 if res.ranked else 1
     from rich.console import Console
@@ -401,6 +461,8 @@ def _cmd_search(args, spec, acc, gpus: int) -> int:
     con.print(f"searched {res.considered} layouts of {spec.name} on {gpus} x {acc.key} in {elapsed:.2f} s "
               f"(seq {setup.seq_len}, global batch {setup.global_batch}); {res.not_fitting} do not fit, "
               f"{res.invalid} invalid")
+    if anchor or setup.stack_efficiency != 1.0:
+        con.print(anchor or f"at stack efficiency {setup.stack_efficiency:g} (--stack-efficiency)")
     if not res.considered:
         con.print(f"[red]no valid layout[/]: no tp x pp x dp split of {gpus:,} devices has a data-parallel size "
                   f"that divides the global batch of {setup.global_batch:,}; pass a --global-batch that is a "
@@ -487,18 +549,49 @@ def _cmd_inference(args, spec, acc) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from tensorpilot.plan.validate import by_split, counts, validate_file
+    from tensorpilot.plan.validate import anchored, by_split, counts, load_rows, summarize, validate_rows
 
     if not args.file:
         raise UsageError("validate needs a CSV file: `tensorpilot plan validate FILE.csv`.")
     load_hardware(args)
-    results, summary = validate_file(args.file)
+    rows = load_rows(args.file)
+    results = validate_rows(rows)
+    summary = summarize(results)
+    carried = anchored(rows, results) if args.anchor else None
     if args.json:
-        print(_json({"rows": [r.to_dict() for r in results], "summary": summary, "counts": counts(results),
-                     "by_split": by_split(results)}))
+        out = {"rows": [r.to_dict() for r in results], "summary": summary, "counts": counts(results),
+               "by_split": by_split(results)}
+        if carried is not None:
+            rows_a = [r for _, r in carried]
+            out["anchored"] = {"rows": [r.to_dict() for r in rows_a], "summary": summarize(rows_a),
+                               "unanchored_summary": summarize([results[i] for i, _ in carried]),
+                               "by_split": by_split(rows_a)}
+        print(_json(out))
         return 0
     print(format_validation(results, summary))
+    if carried is not None:
+        print("\n" + format_anchored(results, carried))
     return 0
+
+
+def format_anchored(results, carried) -> str:
+    """The anchored rows as a Markdown table, then their error beside the same rows' unanchored one."""
+    from tensorpilot.plan.validate import summarize
+
+    lines = ["## Anchored: each source's first speed row measures its stack's efficiency", "",
+             "| id | metric | published | predicted | error | note |", "|---|---|---:|---:|---:|---|"]
+    for _, r in carried:
+        lines.append(f"| {_cell(r.id)} | {_cell(r.metric)} | {r.published:,.4g} {_cell(r.unit)} | "
+                     f"{r.predicted:,.4g} | {100 * r.error:+.1f}% | {_cell(r.note)} |" if r.error is not None else
+                     f"| {_cell(r.id)} | {_cell(r.metric)} | n/a | n/a | n/a | {_cell(r.note)} |")
+    a = summarize([r for _, r in carried]).get("all")
+    u = summarize([results[i] for i, _ in carried]).get("all")
+    if a is None or u is None:
+        lines += ["", "no source has two speed rows: nothing to anchor."]
+    else:
+        lines += ["", f"{a['rows']} rows anchored: median abs error {100 * a['median_abs_error']:.1f}% "
+                      f"(the same rows unanchored: {100 * u['median_abs_error']:.1f}%)."]
+    return "\n".join(lines)
 
 
 def format_validation(results, summary) -> str:

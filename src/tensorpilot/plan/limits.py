@@ -20,7 +20,7 @@ import math
 from tensorpilot.errors import ConfigError
 
 __all__ = ["MAX_DEVICES", "MAX_DIM", "MAX_GRID_G_PER_KWH", "MAX_PRICE_PER_HOUR", "MAX_SEQ_LEN", "MAX_SEQUENCES",
-           "MAX_TOKENS", "check_count", "check_number", "shown"]
+           "MAX_STACK_EFFICIENCY", "MAX_TOKENS", "check_count", "check_number", "shown"]
 
 MAX_DEVICES = 10**7
 MAX_SEQUENCES = 10**9
@@ -29,6 +29,8 @@ MAX_DIM = 2**24
 MAX_TOKENS = 1e30
 MAX_PRICE_PER_HOUR = 1e6
 MAX_GRID_G_PER_KWH = 1e4
+# a stack that beats the planner's tuned-stack rates by more than 4x is a mismeasurement
+MAX_STACK_EFFICIENCY = 4.0
 
 
 def check_count(what: str, value, high: int, low: int = 1) -> None:

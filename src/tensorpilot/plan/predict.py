@@ -26,7 +26,7 @@ from tensorpilot.plan.flops import (RECOMPUTE_MODES, hardware_flops, layer_gemms
                                     train_flops)
 from tensorpilot.layout import SCHEDULES, SHARDINGS, Layout
 from tensorpilot.plan.limits import (MAX_DEVICES, MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_SEQ_LEN,
-                                     MAX_SEQUENCES, MAX_TOKENS, check_count, check_number)
+                                     MAX_SEQUENCES, MAX_STACK_EFFICIENCY, MAX_TOKENS, check_count, check_number)
 from tensorpilot.plan.models import ModelSpec
 
 __all__ = ["OFFLOADS", "InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "hourly_price",
@@ -56,6 +56,7 @@ class TrainSetup:
     goodput: float | None = None          # share of wall-clock that trains; None: cal.goodput(devices)
     offload: str = "none"                 # host offload: none | optimizer (ZeRO-Offload) | params (+ weights, ZeRO-3)
     doc_len: int | None = None            # tokens a packed document has, under a document mask; None: one a sequence
+    stack_efficiency: float = 1.0         # share of the planner's kernel rates the user's stack reaches (plan.anchor)
 
     def __post_init__(self) -> None:
         check_count("seq_len", self.seq_len, MAX_SEQ_LEN)
@@ -77,6 +78,7 @@ class TrainSetup:
             raise ConfigError(f"offload must be one of {', '.join(OFFLOADS)}, not {self.offload!r}.")
         if self.doc_len is not None:
             check_count("doc_len", self.doc_len, MAX_SEQ_LEN)
+        check_number("stack_efficiency", self.stack_efficiency, MAX_STACK_EFFICIENCY, above_low=True)
 
     def goodput_on(self, n_devices: int) -> float:
         """The stated goodput, or the one interruptions leave on ``n_devices`` (calibration.goodput)."""
@@ -299,9 +301,10 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     state = mem.optimizer_state_bytes(s.optimizer, spec.n_params, spec.matrices()) / spec.n_params
     prec = mem.precision(s.precision, s.optimizer, state_bytes_per_param=state, grad_dtype=s.grad_dtype)
     e = prec.act_bytes
-    rates = device_rates(acc, prec.compute, s.fp8_recipe)
+    rates = tm.kernel_share(device_rates(acc, prec.compute, s.fp8_recipe), s.stack_efficiency)
     lowp = prec.compute in mem.LOW_PRECISION_GEMMS                 # fp8 / fp4 block GEMMs
-    head_rates = device_rates(acc, "bf16") if lowp else rates    # the output layer stays bf16 (TE, NeMo)
+    # the output layer stays bf16 (TE, NeMo)
+    head_rates = tm.kernel_share(device_rates(acc, "bf16"), s.stack_efficiency) if lowp else rates
     n_micro = s.global_batch // (lo.dp * lo.micro_batch)        # micro-batches per replica per step
     vp = lo.virtual_stages if lo.schedule == "interleaved" else 1
     first, middle, last = mem.stage_layers(spec.layers, lo.pp, vp)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tensorpilot.plan import calibration as cal
 from tensorpilot.plan.flops import attention_core_flops, layer_gemms
@@ -33,8 +33,8 @@ ATTENTION = ("flash", "flash1", "materialized")
 FUSED_ATTENTION = ("flash", "flash1")
 
 __all__ = ["ATTENTION", "FUSED_ATTENTION", "KERNELS", "DeviceRates", "allgather_time_s", "allreduce_time_s",
-           "alltoall_time_s", "backward_gemms_time_s", "bubble_fraction", "gemm_time_s", "layer_times",
-           "pipeline_time_s", "reducescatter_time_s", "ring_allreduce_bytes_factor", "score_bytes_per_element"]
+           "alltoall_time_s", "backward_gemms_time_s", "bubble_fraction", "gemm_time_s", "kernel_share",
+           "layer_times", "pipeline_time_s", "reducescatter_time_s", "ring_allreduce_bytes_factor", "score_bytes_per_element"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,16 @@ class DeviceRates:
     gpus_per_node: int = cal.GPUS_PER_NODE   # devices the intra-node link joins
     gemm_half_depth: float = 64.0    # reduction depth K at which a GEMM runs at half its large-GEMM rate
     host_link_bytes_per_s: float | None = None   # PCIe beyond a bridged pair, one direction
+
+
+def kernel_share(rates: DeviceRates, efficiency: float) -> DeviceRates:
+    """``rates`` as a stack that reaches ``efficiency`` of them runs its kernels (GEMMs, attention,
+    memory-bound ops; plan.anchor): its links, the host and the kernel floor keep their own."""
+    if efficiency == 1.0:
+        return rates
+    return replace(rates, matmul_flops_per_s=rates.matmul_flops_per_s * efficiency,
+                   attention_flops_per_s=rates.attention_flops_per_s * efficiency,
+                   mem_bytes_per_s=rates.mem_bytes_per_s * efficiency)
 
 
 def gemm_time_s(m: int, k: int, n: int, rates: DeviceRates, elem_bytes: float, batch: float = 1) -> float:

@@ -57,7 +57,7 @@ from tensorpilot.plan import calibration as cal
 from tensorpilot.plan import memory as mem
 from tensorpilot.plan.models import ModelSpec
 
-__all__ = ["RowResult", "by_split", "counts", "load_rows", "predict_row", "summarize", "validate_rows", "validate_file"]
+__all__ = ["RowResult", "anchored", "by_split", "counts", "load_rows", "predict_row", "summarize", "validate_rows", "validate_file"]
 
 # metric -> kind reported in the summary
 METRIC_KINDS = {
@@ -636,12 +636,13 @@ def _new_result(row, index: int) -> RowResult:
                      published if published and published > 0 else None, None, unit, split=_text(row, "split"))
 
 
-def predict_row(row: dict[str, str], index: int = 1) -> RowResult:
+def predict_row(row: dict[str, str], index: int = 1, stack_efficiency: float = 1.0) -> RowResult:
     """The prediction of one row (``index``: its 1-based position, the id when the row has none);
-    a row that cannot be modelled comes back with ``predicted`` None and the reason in ``note``."""
+    a row that cannot be modelled comes back with ``predicted`` None and the reason in ``note``.
+    ``stack_efficiency``: the share of the planner's kernel rates the row's stack reaches (anchored)."""
     result = _new_result(row, index)
     try:
-        result.predicted = _predict(row, result)
+        result.predicted = _predict(row, result, stack_efficiency)
     except ConfigError as exc:       # our own sentences: labels, numbers, shapes, layouts, accelerators
         result.note = f"not modelled: {str(exc).rstrip('.')}"
     return result
@@ -747,7 +748,7 @@ def _best_layout_plan(row, spec: ModelSpec, acc, setup):
                       + (f" on {n:,} devices" if n else ""))
 
 
-def _predict(row, result: RowResult) -> float | None:
+def _predict(row, result: RowResult, stack_efficiency: float = 1.0) -> float | None:
     from dataclasses import replace
 
     from tensorpilot.hardware import catalog
@@ -778,6 +779,7 @@ def _predict(row, result: RowResult) -> float | None:
     if result.metric in TOTALS and not (_number(row, "tokens") if "tokens" in row else None):
         raise ConfigError(f"metric {result.metric!r} needs the row's training tokens (column 'tokens')")
     layout, setup = _layout_setup(row, spec)
+    setup = replace(setup, stack_efficiency=stack_efficiency)
     # a speed or a memory depends on the device: a row that names none is not guessed at
     gpu = _required(_text(row, "gpu") or None, "the row names no accelerator (column 'gpu')")
     acc = catalog.get(GPU_NAMES.get(gpu.lower(), gpu))
@@ -820,6 +822,48 @@ def _required(value, why: str):
 
 def validate_rows(rows: list[dict[str, str]]) -> list[RowResult]:
     return [predict_row(r, n) for n, r in enumerate(rows, 1)]
+
+
+# metrics that grow as the run slows (the rest -- throughput, TFLOP/s, MFU -- shrink)
+SLOW_METRICS = ("iteration_time", "time_to_train", "gpu_hours", "energy")
+
+
+def _speed(metric: str, value: float) -> float:
+    return 1.0 / value if metric in SLOW_METRICS else value
+
+
+def anchored(rows: list[dict[str, str]], results: list[RowResult]) -> list[tuple[int, RowResult]]:
+    """Each source's other speed rows predicted at the stack efficiency its first speed row
+    measures (plan.anchor): what the planner says once the user has measured one run of their
+    stack. A source is the row's ``source`` text -- one document, one stack; a source with one
+    speed row has nothing to carry to. The anchor rows themselves are not returned (they match
+    by construction); each comes with its 0-based position in ``rows``, in file order, its
+    ``note`` naming its anchor."""
+    from tensorpilot.plan.anchor import solve_efficiency
+
+    groups: dict[str, list[tuple[int, dict[str, str], RowResult]]] = {}
+    for n, (row, r) in enumerate(zip(rows, results), 1):
+        if r.predicted is not None and r.kind != "memory" and _text(row, "source"):
+            groups.setdefault(_text(row, "source"), []).append((n, row, r))
+    out: list[tuple[int, RowResult]] = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        (n0, row0, r0), rest = members[0], members[1:]
+
+        def speed_at(e: float, row0=row0, n0=n0, r0=r0) -> float:
+            predicted = predict_row(row0, n0, e).predicted
+            return _speed(r0.metric, predicted) if predicted else 0.0
+        try:
+            found = solve_efficiency(speed_at, _speed(r0.metric, r0.published))
+        except ValueError:          # the anchor row's plan has no speed to scale
+            continue
+        for n, row, _ in rest:
+            a = predict_row(row, n, found.efficiency)
+            a.note = f"anchored on {r0.id}: stack efficiency {found.efficiency:.3g}" + \
+                ("" if found.reached else " (clamped: no share reproduces it)")
+            out.append((n - 1, a))
+    return sorted(out, key=lambda t: t[0])
 
 
 def summarize(results: list[RowResult]) -> dict[str, dict[str, float]]:

@@ -987,12 +987,23 @@ class Trainer:
             from tensorpilot.plan.local import local_accelerator, local_plan
 
             try:
-                p = local_plan(*planned, local_accelerator(self.caps), layout=self.plan.layout,
-                               global_batch=self.plan.samples_per_step, precision=self.plan.precision,
-                               compiled=self.plan.compiled)
+                acc = local_accelerator(self.caps)
+
+                def plan_at(efficiency: float = 1.0):
+                    return local_plan(*planned, acc, layout=self.plan.layout, global_batch=self.plan.samples_per_step,
+                                      precision=self.plan.precision, compiled=self.plan.compiled,
+                                      stack_efficiency=efficiency)
+                p = plan_at()
                 out["formula"] = {"step_time_s": p.step_time_s, "memory_bytes": p.memory_bytes["total"],
                                   "hardware": p.hardware, "layout": p.layout, "n_devices": p.n_devices,
                                   "power_w_per_device": p.power_w_per_device}
+                if measured_step_s:
+                    # the share of the planner's kernel rates this stack reached (plan.anchor):
+                    # `tensorpilot plan --stack-efficiency` carries it to other plans
+                    from tensorpilot.plan.anchor import solve_efficiency
+
+                    found = solve_efficiency(lambda e: 1 / plan_at(e).step_time_s, 1 / measured_step_s)
+                    out["formula"].update(stack_efficiency=found.efficiency, stack_efficiency_reached=found.reached)
             except TensorpilotError as exc:
                 out["formula"] = {"error": str(exc)}
         return out
@@ -1052,6 +1063,13 @@ class Trainer:
                                           f"{pred['step_time_s'] * 1e3:,.1f} ms predicted (traced plan on "
                                           f"{pred['hardware']}; measured / predicted "
                                           f"{pred['measured_over_predicted']:.2f})"))
+        formula = pred.get("formula") or {}
+        if formula.get("stack_efficiency"):
+            t.add_row("stack efficiency", escape(
+                f"{formula['stack_efficiency']:.3g} of the formula planner's kernel rates on {formula['hardware']} "
+                f"({formula['step_time_s'] * 1e3:,.1f} ms planned at 1); pass --stack-efficiency "
+                f"{formula['stack_efficiency']:.3g} to `tensorpilot plan` to plan other runs of this stack"
+                + ("" if formula.get("stack_efficiency_reached") else " (clamped: the kernels do not set this step)")))
         if pred.get("memory_bytes"):
             measured = pred.get("measured_memory_bytes")
             t.add_row("step memory", escape(

@@ -1,0 +1,155 @@
+"""The stack efficiency: one measured step of the user's stack carried to other plans (plan.anchor)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import replace
+
+import pytest
+
+from tensorpilot.errors import ConfigError
+from tensorpilot.hardware import catalog
+from tensorpilot.plan.anchor import MIN_STACK_EFFICIENCY, solve_efficiency, stack_efficiency
+from tensorpilot.plan.models import get_model
+from tensorpilot.plan.predict import Layout, TrainSetup, predict
+from tensorpilot.plan.validate import anchored, validate_rows
+
+
+def test_a_kernel_bound_speed_is_solved_in_one_step():
+    calls = []
+
+    def speed(e):
+        calls.append(e)
+        return 120.0 * e                   # speed proportional to the kernel rates
+    found = solve_efficiency(speed, 90.0)
+    assert found.reached and found.efficiency == pytest.approx(0.75, rel=1e-9)
+    assert len(calls) == 2                 # e = 1, then the proportional guess
+
+
+def test_exposed_communication_is_solved_by_hand():
+    # step = 2 s of kernels / e + 1 s of communication; a measured 6 s step: 2 / e = 5, e = 0.4
+    found = solve_efficiency(lambda e: 1 / (2 / e + 1), 1 / 6)
+    assert found.reached and found.efficiency == pytest.approx(0.4, rel=2e-3)
+
+
+def test_a_speed_the_kernels_cannot_reach_is_clamped_and_said():
+    # 1 s of communication alone: no kernel share makes the step 0.9 s
+    found = solve_efficiency(lambda e: 1 / (0.5 / e + 1), 1 / 0.9)
+    assert not found.reached and found.efficiency == pytest.approx(4.0)
+    found = solve_efficiency(lambda e: 5.0, 1.0)       # the kernels do not set the speed at all
+    assert not found.reached
+    with pytest.raises(ValueError):
+        solve_efficiency(lambda e: 1.0, 0.0)
+    assert MIN_STACK_EFFICIENCY > 0
+
+
+def _plan(eff: float, **layout):
+    spec = get_model("llama3-8b")
+    lo = Layout(tp=1, pp=1, dp=8, sharding="fsdp", micro_batch=1, recompute="full", **layout)
+    setup = TrainSetup(seq_len=4096, global_batch=64, stack_efficiency=eff)
+    return spec, lo, setup, predict(spec, catalog.get("h100-sxm"), lo, setup)
+
+
+def test_the_efficiency_divides_the_kernels_and_leaves_the_links():
+    *_, full = _plan(1.0)
+    *_, half = _plan(0.5)
+    t1, t2 = full.time_breakdown_s, half.time_breakdown_s
+    for k in ("compute", "memory_bound", "optimizer"):       # every kernel at half the rate
+        assert t2[k] == pytest.approx(2 * t1[k], rel=1e-9), k
+    # the gathers and reduce-scatters keep their link time: what stays exposed only shrinks
+    # behind the longer kernels, it never grows
+    assert t2["dp_comm_exposed"] <= t1["dp_comm_exposed"] + 1e-12
+    assert half.memory_bytes == full.memory_bytes
+    with pytest.raises(ConfigError, match="stack_efficiency"):
+        TrainSetup(seq_len=4096, global_batch=64, stack_efficiency=0)
+
+
+def test_the_solved_efficiency_reproduces_the_measured_step():
+    spec, lo, setup, plan = _plan(1.0)
+    measured = plan.step_time_s * 1.6
+    found = stack_efficiency(spec, catalog.get("h100-sxm"), lo, setup, measured)
+    assert found.reached
+    again = predict(spec, catalog.get("h100-sxm"), lo, replace(setup, stack_efficiency=found.efficiency))
+    assert again.step_time_s == pytest.approx(measured, rel=2e-3)
+
+
+def test_plan_measured_step_round_trips_through_stack_efficiency(capsys):
+    from tensorpilot.cli import main
+
+    base = ["plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--sharding", "fsdp",
+            "--seq-len", "4096", "--global-batch", "64", "--recompute", "full", "--json"]
+    assert main(base + ["--measured-step-s", "9.0"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["step_time_s"] == pytest.approx(9.0, rel=2e-3)
+    eff = float(plan["notes"][0].split("stack efficiency ")[1].split(":")[0])
+    assert main(base + ["--stack-efficiency", str(eff)]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(9.0, rel=5e-3)
+    # tokens a second over all devices: 64 x 4096 tokens in 9 s
+    assert main(base + ["--measured-tokens-per-s", str(64 * 4096 / 9.0)]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(9.0, rel=2e-3)
+    # the search plans every layout at that efficiency
+    assert main(base + ["--measured-step-s", "9.0", "--search", "--top", "2"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["stack_efficiency"] == pytest.approx(eff, rel=1e-2) and "stack efficiency" in found["anchor"]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--measured-step-s", "0"], "--measured-step-s must be above 0"),
+    (["--measured-step-s", "1", "--stack-efficiency", "0.5"], "say the same thing"),
+    (["--stack-efficiency", "5"], "at most 4"),
+    (["--measured-step-s", "1", "--deadline", "3d", "--tokens", "1e12"], "--stack-efficiency X"),
+    (["--anchor"], "goes with validate"),
+])
+def test_bad_anchors_are_one_sentence(flags, needle, capsys):
+    from tensorpilot.cli import main
+
+    assert main(["plan", *flags]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def _rows(tmp_path, values):
+    """One source's rows of one configuration (Llama-style 1B on 8 H100, FSDP), the published
+    tokens/s of each given; and a second source with one row."""
+    cols = dict(model="m", params_b="", hidden="2048", layers="16", heads="16", vocab="32000", ffn_hidden="8192",
+                kv_heads="16", gpu="H100-80GB", n_gpus="8", tp="1", pp="1", dp="8", seq_len="2048",
+                global_batch="64", micro_batch="8", precision="bf16", recompute="none", sharding="fsdp",
+                metric="tokens_per_s_per_gpu", unit="tokens/s/GPU", flops_convention="", tokens="", optimizer="",
+                split="holdout")
+    rows = [dict(cols, id=f"A-{n}", value=str(v), source="doc A") for n, v in enumerate(values)]
+    rows.append(dict(cols, id="B-0", value="1000", source="doc B"))
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path, rows
+
+
+def test_validate_anchor_carries_the_first_rows_efficiency(tmp_path):
+    path, rows = _rows(tmp_path, [20000, 25000, 30000])
+    results = validate_rows(rows)
+    carried = anchored(rows, results)
+    # the anchor (A-0) and the lone source (B-0) are not carried; A-1 and A-2 are, in file order
+    assert [(i, r.id) for i, r in carried] == [(1, "A-1"), (2, "A-2")]
+    for _, r in carried:
+        # the same configuration as the anchor: predicted at the anchor's measured speed
+        assert r.predicted == pytest.approx(20000, rel=2e-3)
+        assert r.note.startswith("anchored on A-0: stack efficiency")
+
+
+def test_validate_anchor_cli_reports_both_errors(tmp_path, capsys):
+    from tensorpilot.cli import main
+
+    path, _ = _rows(tmp_path, [20000, 25000])
+    assert main(["plan", "validate", str(path), "--anchor", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    a = out["anchored"]
+    assert [r["id"] for r in a["rows"]] == ["A-1"]
+    # 20000 predicted for a published 25000: -20%, by hand
+    assert a["summary"]["all"]["median_abs_error"] == pytest.approx(0.2, rel=1e-2)
+    assert a["unanchored_summary"]["all"]["rows"] == 1
+    assert main(["plan", "validate", str(path), "--anchor"]) == 0
+    text = capsys.readouterr().out
+    assert "1 rows anchored: median abs error 20.0%" in text
