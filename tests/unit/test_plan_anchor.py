@@ -110,15 +110,18 @@ def test_bad_anchors_are_one_sentence(flags, needle, capsys):
 
 
 def _rows(tmp_path, values):
-    """One source's rows of one configuration (Llama-style 1B on 8 H100, FSDP), the published
-    tokens/s of each given; and a second source with one row."""
+    """One source's single-GPU runs of a Llama-style 1B (the published tokens/s of each given; the
+    n-th at micro-batch 2^n, so each is another configuration), the first run's TFLOP/s as a
+    second row, and another source with one row."""
     cols = dict(model="m", params_b="", hidden="2048", layers="16", heads="16", vocab="32000", ffn_hidden="8192",
-                kv_heads="16", gpu="H100-80GB", n_gpus="8", tp="1", pp="1", dp="8", seq_len="2048",
-                global_batch="64", micro_batch="8", precision="bf16", recompute="none", sharding="fsdp",
+                kv_heads="16", gpu="H100-80GB", n_gpus="1", tp="1", pp="1", dp="1", seq_len="2048",
+                global_batch="8", precision="bf16", recompute="none", sharding="none",
                 metric="tokens_per_s_per_gpu", unit="tokens/s/GPU", flops_convention="", tokens="", optimizer="",
                 split="holdout")
-    rows = [dict(cols, id=f"A-{n}", value=str(v), source="doc A") for n, v in enumerate(values)]
-    rows.append(dict(cols, id="B-0", value="1000", source="doc B"))
+    rows = [dict(cols, id=f"A-{n}", value=str(v), source="doc A", micro_batch=str(2 ** n), global_batch=str(2 ** n))
+            for n, v in enumerate(values)]
+    rows.insert(1, dict(rows[0], id="A-0f", metric="achieved_tflops_per_gpu", unit="TFLOP/s/GPU", value="300"))
+    rows.append(dict(cols, id="B-0", value="1000", source="doc B", micro_batch="1", global_batch="1"))
     path = tmp_path / "runs.csv"
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -131,25 +134,29 @@ def test_validate_anchor_carries_the_first_rows_efficiency(tmp_path):
     path, rows = _rows(tmp_path, [20000, 25000, 30000])
     results = validate_rows(rows)
     carried = anchored(rows, results)
-    # the anchor (A-0) and the lone source (B-0) are not carried; A-1 and A-2 are, in file order
-    assert [(i, r.id) for i, r in carried] == [(1, "A-1"), (2, "A-2")]
-    for _, r in carried:
-        # the same configuration as the anchor: predicted at the anchor's measured speed
-        assert r.predicted == pytest.approx(20000, rel=2e-3)
+    # the anchor (A-0), its own run again (A-0f) and the lone source (B-0) are not carried
+    assert [(i, r.id) for i, r in carried] == [(2, "A-1"), (3, "A-2")]
+    # one device, fused kernels: every second of the step is kernel time, so the speed scales
+    # with the efficiency exactly: each row's plan times the anchor's published / planned speed
+    e = 20000 / results[0].predicted
+    for i, r in carried:
+        assert r.predicted == pytest.approx(results[i].predicted * e, rel=3e-3)
         assert r.note.startswith("anchored on A-0: stack efficiency")
 
 
 def test_validate_anchor_cli_reports_both_errors(tmp_path, capsys):
     from tensorpilot.cli import main
 
-    path, _ = _rows(tmp_path, [20000, 25000])
+    path, rows = _rows(tmp_path, [20000, 25000])
     assert main(["plan", "validate", str(path), "--anchor", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     a = out["anchored"]
     assert [r["id"] for r in a["rows"]] == ["A-1"]
-    # 20000 predicted for a published 25000: -20%, by hand
-    assert a["summary"]["all"]["median_abs_error"] == pytest.approx(0.2, rel=1e-2)
-    assert a["unanchored_summary"]["all"]["rows"] == 1
+    plain = {r["id"]: r["predicted"] for r in out["rows"]}
+    carried = plain["A-1"] * 20000 / plain["A-0"]
+    assert a["rows"][0]["predicted"] == pytest.approx(carried, rel=3e-3)
+    assert a["summary"]["all"]["median_abs_error"] == pytest.approx(abs(carried / 25000 - 1), rel=1e-2)
+    assert a["unanchored_summary"]["all"]["median_abs_error"] == pytest.approx(abs(plain["A-1"] / 25000 - 1))
     assert main(["plan", "validate", str(path), "--anchor"]) == 0
     text = capsys.readouterr().out
-    assert "1 rows anchored: median abs error 20.0%" in text
+    assert f"1 rows anchored: median abs error {100 * abs(carried / 25000 - 1):.1f}%" in text

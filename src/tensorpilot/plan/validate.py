@@ -832,13 +832,22 @@ def _speed(metric: str, value: float) -> float:
     return 1.0 / value if metric in SLOW_METRICS else value
 
 
+# what a row says about the run rather than about the number published (anchored: a row that
+# differs from its anchor only here is the anchor's run again -- its tokens/s beside its TFLOP/s)
+_NOT_THE_RUN = ("id", "metric", "value", "unit", "flops_convention", "source", "split", "tokens")
+
+
+def _run_key(row) -> tuple:
+    return tuple(sorted((k, _text(row, k).lower()) for k in row if k and k not in _NOT_THE_RUN))
+
+
 def anchored(rows: list[dict[str, str]], results: list[RowResult]) -> list[tuple[int, RowResult]]:
     """Each source's other speed rows predicted at the stack efficiency its first speed row
     measures (plan.anchor): what the planner says once the user has measured one run of their
-    stack. A source is the row's ``source`` text -- one document, one stack; a source with one
-    speed row has nothing to carry to. The anchor rows themselves are not returned (they match
-    by construction); each comes with its 0-based position in ``rows``, in file order, its
-    ``note`` naming its anchor."""
+    stack. A source is the row's ``source`` text -- one document, one stack. Rows of the anchor's
+    own run (the same configuration published as another metric, or again) are left out: they
+    would match by construction, as the anchor does. Each row comes with its 0-based position in
+    ``rows``, in file order, its ``note`` naming its anchor."""
     from tensorpilot.plan.anchor import solve_efficiency
 
     groups: dict[str, list[tuple[int, dict[str, str], RowResult]]] = {}
@@ -847,9 +856,10 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult]) -> list[tuple
             groups.setdefault(_text(row, "source"), []).append((n, row, r))
     out: list[tuple[int, RowResult]] = []
     for members in groups.values():
-        if len(members) < 2:
+        (n0, row0, r0) = members[0]
+        rest = [m for m in members[1:] if _run_key(m[1]) != _run_key(row0)]
+        if not rest:
             continue
-        (n0, row0, r0), rest = members[0], members[1:]
 
         def speed_at(e: float, row0=row0, n0=n0, r0=r0) -> float:
             predicted = predict_row(row0, n0, e).predicted
