@@ -99,6 +99,7 @@ def test_plan_measured_step_round_trips_through_stack_efficiency(capsys):
     (["--measured-step-s", "1", "--stack-efficiency", "0.5"], "say the same thing"),
     (["--stack-efficiency", "5"], "at most 4"),
     (["--measured-step-s", "1", "--deadline", "3d", "--tokens", "1e12"], "--stack-efficiency X"),
+    (["--stack-efficiency", "0.5", "--inference"], "drop it"),
     (["--anchor"], "goes with validate"),
 ])
 def test_bad_anchors_are_one_sentence(flags, needle, capsys):
@@ -160,3 +161,67 @@ def test_validate_anchor_cli_reports_both_errors(tmp_path, capsys):
     assert main(["plan", "validate", str(path), "--anchor"]) == 0
     text = capsys.readouterr().out
     assert f"1 rows anchored: median abs error {100 * abs(carried / 25000 - 1):.1f}%" in text
+
+
+def _eager(batch: int, **stack):
+    """GPT-2 on one H100, eager kernels: a small batch waits for the host to dispatch ops."""
+    spec = get_model("gpt2")
+    lo = Layout(tp=1, pp=1, dp=1, micro_batch=batch)
+    setup = TrainSetup(seq_len=128, global_batch=batch, kernels="eager", **stack)
+    return spec, lo, setup, predict(spec, catalog.get("h100-sxm"), lo, setup)
+
+
+def test_a_host_bound_step_informs_the_host_not_the_kernels():
+    from tensorpilot.plan.anchor import anchor_part
+
+    spec, lo, setup, small = _eager(1)
+    assert small.time_breakdown_s["host_dispatch"] > 0 and anchor_part(small.time_breakdown_s) == "host_efficiency"
+    measured = small.step_time_s * 1.5
+    found = stack_efficiency(spec, catalog.get("h100-sxm"), lo, setup, measured)
+    assert found.part == "host_efficiency" and found.reached
+    again = predict(spec, catalog.get("h100-sxm"), lo, replace(setup, host_efficiency=found.efficiency))
+    assert again.step_time_s == pytest.approx(measured, rel=2e-3)
+    # only the host's wait grew: the kernels' parts of the step are the unanchored plan's
+    for k in ("compute", "memory_bound", "optimizer"):
+        assert again.time_breakdown_s[k] == small.time_breakdown_s[k]
+    # a batch the device is busy for hides the host: the same stack plans it as before, where
+    # blaming the kernels (the factor the small step needs on them) would have slowed it
+    *_, large = _eager(512)
+    *_, large_anchored = _eager(512, host_efficiency=found.efficiency)
+    assert large.time_breakdown_s["host_dispatch"] == 0 == large_anchored.time_breakdown_s["host_dispatch"]
+    assert large_anchored.step_time_s == large.step_time_s
+    kernels = stack_efficiency(spec, catalog.get("h100-sxm"), lo, replace(setup, kernels="fused"), measured)
+    *_, large_kernels = _eager(512, stack_efficiency=kernels.efficiency)
+    assert kernels.part == "stack_efficiency" and large_kernels.step_time_s > 1.2 * large.step_time_s
+
+
+def test_a_host_bound_step_faster_than_the_device_falls_back_to_the_kernels():
+    from tensorpilot.plan.anchor import solve_part
+
+    # step = max(host 1 s / h, device 0.6 s / e): measured 0.3 s -- the host alone reaches only 0.6 s
+    def speed(part, x):
+        h, e = (x, 1.0) if part == "host_efficiency" else (1.0, x)
+        return 1 / max(1 / h, 0.6 / e)
+    found = solve_part(speed, "host_efficiency", 1 / 0.3)
+    assert found.part == "stack_efficiency" and found.reached is False   # the host still takes 1 s at h = 1
+    found = solve_part(speed, "host_efficiency", 1 / 2.0)                # a 2 s step: the host at half rate
+    assert found.part == "host_efficiency" and found.efficiency == pytest.approx(0.5, rel=2e-3)
+
+
+def test_validate_anchors_a_host_bound_first_row_on_the_host(tmp_path):
+    # GPT-2's shape, eager PyTorch on one H100: the first row (batch 1) waits for the host, the
+    # second (batch 256) keeps the device busy
+    cols = dict(model="gpt2", params_b="", hidden="768", layers="12", heads="12", vocab="50257", ffn_hidden="3072",
+                kv_heads="12", gpu="H100-80GB", n_gpus="1", tp="1", pp="1", dp="1", seq_len="128",
+                precision="bf16", recompute="none", sharding="none", metric="iteration_time", unit="s",
+                flops_convention="eager PyTorch", tokens="", optimizer="", split="holdout", source="doc E")
+    rows = [dict(cols, id="E-0", micro_batch="1", global_batch="1"),
+            dict(cols, id="E-1", micro_batch="256", global_batch="256")]
+    plain = validate_rows([dict(r, value="1") for r in rows])
+    rows[0]["value"] = str(2 * plain[0].predicted)          # the host took twice the planned time
+    rows[1]["value"] = "1"
+    results = validate_rows(rows)
+    (i, carried), = anchored(rows, results)
+    assert carried.note.startswith("anchored on E-0: host efficiency")
+    # the device-bound row is planned as before: the host's wait hides behind its kernels
+    assert carried.predicted == pytest.approx(plain[1].predicted, rel=1e-9)

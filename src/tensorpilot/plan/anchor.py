@@ -4,11 +4,19 @@ The planner's rates are those of a tuned stack (the GEMM and attention ceilings 
 part, fused kernels where the setup says so). A user's stack -- its framework and versions, data
 loading, launch gaps, kernels the planner does not know -- reaches some share of them, and that
 share, not the hardware, decides most of the planner's misses on published runs (benchmarks/
-RESULTS.md, the blind sets). One measurement fixes it: the *stack efficiency* is the factor on
-every kernel rate (GEMMs, attention, memory-bound ops: timing.kernel_share) at which the planned
-step of the measured layout takes the measured time. Links, the host's dispatch and offload keep
-their own rates -- they are not the kernels'. The factor then carries to another layout, batch,
-model size or part run by the same stack (`plan --measured-step-s`, `plan validate --anchor`).
+RESULTS.md, the blind sets). One measurement fixes one share, of whatever sets the measured step
+(the roofline argument: a measurement informs the bound that is active):
+
+- a step the planner sees bound by its kernels: the *stack efficiency*, the factor on every kernel
+  rate (GEMMs, attention, memory-bound ops: timing.kernel_share) at which the planned step of the
+  measured layout takes the measured time;
+- a step the planner sees waiting for the host to dispatch eager ops (a small batch): the *host
+  efficiency*, the factor on the ops a second the host dispatches (calibration.HOST_SECONDS_PER_OP).
+  Blaming such a step's time on the kernels would slow every larger run of the stack by it.
+
+Links and offload keep their own rates -- they are not the stack's. The factor then carries to
+another layout, batch, model size or part run by the same stack (`plan --measured-step-s`, `plan
+validate --anchor`).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from dataclasses import dataclass
 
 from tensorpilot.plan.limits import MAX_STACK_EFFICIENCY
 
-__all__ = ["MIN_STACK_EFFICIENCY", "Anchor", "solve_efficiency", "stack_efficiency"]
+__all__ = ["MIN_STACK_EFFICIENCY", "PARTS", "Anchor", "anchor_part", "solve_efficiency", "solve_part", "stack_efficiency"]
 
 # below 1% of a tuned stack's kernel rates a measurement says more about its setup (a CPU
 # fallback, a debugger) than about a stack the planner can carry elsewhere
@@ -29,10 +37,15 @@ TOLERANCE = 1e-3
 MAX_STEPS = 12
 
 
+# what a solved factor multiplies: TrainSetup's field of that name
+PARTS = ("stack_efficiency", "host_efficiency")
+
+
 @dataclass(frozen=True, slots=True)
 class Anchor:
-    efficiency: float       # the factor on kernel rates (TrainSetup.stack_efficiency)
+    efficiency: float       # the factor on kernel rates (TrainSetup.stack_efficiency) or the host's op rate
     reached: bool           # False: no factor in [MIN, MAX] reproduces the measurement (it is clamped)
+    part: str = "stack_efficiency"      # which of PARTS it is
 
 
 def solve_efficiency(speed_at: Callable[[float], float], measured: float) -> Anchor:
@@ -69,12 +82,30 @@ def solve_efficiency(speed_at: Callable[[float], float], measured: float) -> Anc
     return Anchor(math.exp(x1), abs(y1 - target) <= 10 * TOLERANCE)
 
 
+def anchor_part(breakdown: dict[str, float]) -> str:
+    """The factor a measured step informs, from its plan's time breakdown: the host's when the plan
+    waits for the host to dispatch ops, else the kernels'."""
+    return "host_efficiency" if breakdown.get("host_dispatch", 0.0) > 0 else "stack_efficiency"
+
+
+def solve_part(speed_at: Callable[[str, float], float], part: str, measured: float) -> Anchor:
+    """``solve_efficiency`` of ``part``; a host-bound step the host alone cannot reproduce (a
+    measurement faster than the kernels allow) falls back to the kernels' factor."""
+    found = solve_efficiency(lambda e: speed_at(part, e), measured)
+    if found.reached or part == "stack_efficiency":
+        return Anchor(found.efficiency, found.reached, part)
+    found = solve_efficiency(lambda e: speed_at("stack_efficiency", e), measured)
+    return Anchor(found.efficiency, found.reached, "stack_efficiency")
+
+
 def stack_efficiency(spec, acc, layout, setup, measured_step_s: float) -> Anchor:
-    """The stack efficiency at which ``layout`` of ``spec`` on ``acc`` steps in ``measured_step_s``."""
+    """The factor at which ``layout`` of ``spec`` on ``acc`` steps in ``measured_step_s``: the
+    kernels' or, for a step its plan sees host-bound, the host's (anchor_part)."""
     from dataclasses import replace
 
     from tensorpilot.plan.predict import predict
 
-    return solve_efficiency(
-        lambda e: 1.0 / predict(spec, acc, layout, replace(setup, stack_efficiency=e)).step_time_s,
-        1.0 / measured_step_s)
+    def speed_at(part: str, e: float) -> float:
+        return 1.0 / predict(spec, acc, layout, replace(setup, **{part: e})).step_time_s
+    part = anchor_part(predict(spec, acc, layout, setup).time_breakdown_s)
+    return solve_part(speed_at, part, 1.0 / measured_step_s)

@@ -135,6 +135,9 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="The same as a throughput: tokens a second over all devices of the measured layout.")
     a.add_argument("--stack-efficiency", type=float, default=None, metavar="X",
                    help="That share, as an earlier --measured-step-s printed it (default 1: a tuned stack).")
+    a.add_argument("--host-efficiency", type=float, default=None, metavar="X",
+                   help="The share of the planner's op-dispatch rate your host reaches, as --measured-step-s prints "
+                        "it for a step that waits for the host (eager kernels, small batches; default 1).")
     c = p.add_argument_group("time, cost and energy")
     c.add_argument("--tokens", type=float, default=None, metavar="N",
                    help="Tokens to train (e.g. 1e12) for time, GPU-hours, cost and energy.")
@@ -210,14 +213,20 @@ def _check_options(args) -> None:
     for name in ("measured_step_s", "measured_tokens_per_s"):
         if getattr(args, name) is not None:
             check_number(_flag(name), getattr(args, name), 1e30, above_low=True)
-    if args.stack_efficiency is not None:
-        check_number("--stack-efficiency", args.stack_efficiency, MAX_STACK_EFFICIENCY, above_low=True)
-    given = [f for f in ("measured_step_s", "measured_tokens_per_s", "stack_efficiency") if getattr(args, f) is not None]
-    if len(given) > 1:
+    for name in ("stack_efficiency", "host_efficiency"):
+        if getattr(args, name) is not None:
+            check_number(_flag(name), getattr(args, name), MAX_STACK_EFFICIENCY, above_low=True)
+    given = [f for f in ("measured_step_s", "measured_tokens_per_s", "stack_efficiency", "host_efficiency")
+             if getattr(args, f) is not None]
+    if len(given) > 1 and given[:2] != ["stack_efficiency", "host_efficiency"]:
         raise UsageError(f"{' and '.join(map(_flag, given))} say the same thing; pass one of them.")
-    if given and given[0] != "stack_efficiency" and (args.deadline is not None or args.inference):
-        raise UsageError(f"{_flag(given[0])} anchors a training layout; with --deadline pass the stack "
-                         "efficiency that `plan ... " + _flag(given[0]) + "` printed as --stack-efficiency X.")
+    if given and args.inference:
+        raise UsageError(f"{_flag(given[0])} is measured on training steps and --inference does not take it: "
+                         "drop it.")
+    if given and given[0].startswith("measured") and args.deadline is not None:
+        raise UsageError(f"{_flag(given[0])} anchors one training layout and --deadline plans many; run "
+                         f"`tensorpilot plan` with {_flag(given[0])} and your layout first, then pass the stack "
+                         "or host efficiency it prints as --deadline ... --stack-efficiency X (--host-efficiency X).")
     modes = [m for m, on in (("--search", args.search), ("--deadline", args.deadline is not None),
                              ("--inference", args.inference)) if on]
     if len(modes) > 1:
@@ -268,7 +277,7 @@ def _setup(args, spec, replicas: int):
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
                       else cal.DEFAULT_GRID_G_PER_KWH,
                       goodput=args.goodput, offload=args.offload, doc_len=args.doc_len,
-                      stack_efficiency=args.stack_efficiency or 1.0)
+                      stack_efficiency=args.stack_efficiency or 1.0, host_efficiency=args.host_efficiency or 1.0)
 
 
 def accelerator(args, default: str = DEFAULT_GPU):
@@ -355,13 +364,14 @@ def _layout_setup(args, spec, acc, gpus: int):
     from tensorpilot.plan.anchor import stack_efficiency
 
     found = stack_efficiency(spec, acc, layout, setup, step_s)
-    setup = replace(setup, stack_efficiency=found.efficiency)
-    said = (f"stack efficiency {found.efficiency:.3g}: the share of the planner's kernel rates at which "
-            f"{layout.describe()} steps in the measured {step_s:,.4g} s (pass --stack-efficiency "
+    setup = replace(setup, **{found.part: found.efficiency})
+    what = "kernel rates" if found.part == "stack_efficiency" else "op-dispatch rate (the step waits for the host)"
+    said = (f"{found.part.replace('_', ' ')} {found.efficiency:.3g}: the share of the planner's {what} at which "
+            f"{layout.describe()} steps in the measured {step_s:,.4g} s (pass {_flag(found.part)} "
             f"{found.efficiency:.3g} to plan other runs of this stack)")
     if not found.reached:
-        said += ("; no share reproduces the measurement (communication or the host, not the kernels, set "
-                 "this step's time), so it is clamped")
+        said += ("; no share reproduces the measurement (communication, not the stack, sets this step's time), "
+                 "so it is clamped")
     return layout, setup, said
 
 
@@ -445,13 +455,14 @@ def _cmd_search(args, spec, acc, gpus: int) -> int:
     if args.measured_step_s is not None or args.measured_tokens_per_s is not None:
         # the measured layout is the one the flags describe; the search plans every other at its efficiency
         _, anchored, anchor = _layout_setup(args, spec, acc, gpus)
-        setup = replace(setup, stack_efficiency=anchored.stack_efficiency)
+        setup = replace(setup, stack_efficiency=anchored.stack_efficiency, host_efficiency=anchored.host_efficiency)
     res = search(spec, acc, gpus, setup, objective=args.objective, top=args.top)
     elapsed = time.perf_counter() - t0
     if args.json:
         print(_json({"objective": res.objective, "considered": res.considered, "invalid": res.invalid,
                      "not_fitting": res.not_fitting, "search_s": elapsed, "why": res.why,
-                     "stack_efficiency": setup.stack_efficiency, "anchor": anchor,
+                     "stack_efficiency": setup.stack_efficiency, "host_efficiency": setup.host_efficiency,
+                     "anchor": anchor,
                      "ranked": [p.to_dict() for p in res.ranked]}))
         return 0 if res.ranked else 1
     from rich.console import Console
@@ -461,8 +472,9 @@ def _cmd_search(args, spec, acc, gpus: int) -> int:
     con.print(f"searched {res.considered} layouts of {spec.name} on {gpus} x {acc.key} in {elapsed:.2f} s "
               f"(seq {setup.seq_len}, global batch {setup.global_batch}); {res.not_fitting} do not fit, "
               f"{res.invalid} invalid")
-    if anchor or setup.stack_efficiency != 1.0:
-        con.print(anchor or f"at stack efficiency {setup.stack_efficiency:g} (--stack-efficiency)")
+    if anchor or (setup.stack_efficiency, setup.host_efficiency) != (1.0, 1.0):
+        con.print(anchor or f"at stack efficiency {setup.stack_efficiency:g}, host efficiency "
+                            f"{setup.host_efficiency:g} (--stack-efficiency, --host-efficiency)")
     if not res.considered:
         con.print(f"[red]no valid layout[/]: no tp x pp x dp split of {gpus:,} devices has a data-parallel size "
                   f"that divides the global batch of {setup.global_batch:,}; pass a --global-batch that is a "

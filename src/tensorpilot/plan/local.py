@@ -48,15 +48,17 @@ def local_accelerator(caps: Any) -> Accelerator:
 
 
 def local_plan(spec: Any, seq_len: int, acc: Accelerator, *, layout: Any, global_batch: int, precision: str,
-               compiled: bool = False, stack_efficiency: float = 1.0):
+               compiled: bool = False, stack_efficiency: float = 1.0, host_efficiency: float = 1.0):
     """The planner's Plan of one training configuration of ``spec`` (a ModelSpec; from a
     workload spec's planner) on ``acc`` (e.g. ``local_accelerator``) with ``layout`` (a
     tensorpilot.layout.Layout: micro-batch and recomputation included); ``compiled``: the
-    step runs under torch.compile (fused elementwise kernels), else eagerly; ``stack_efficiency``:
-    the share of the planner's kernel rates the stack reaches (plan.anchor)."""
+    step runs under torch.compile (fused elementwise kernels), else eagerly; ``stack_efficiency`` /
+    ``host_efficiency``: the share of the planner's kernel / op-dispatch rates the stack reaches
+    (plan.anchor)."""
     from tensorpilot.plan.predict import TrainSetup, predict
 
     setup = TrainSetup(seq_len=seq_len, global_batch=global_batch,
                        precision="fp32" if precision == "tf32" else precision, attention="flash",
-                       kernels="fused" if compiled else "eager", stack_efficiency=stack_efficiency)
+                       kernels="fused" if compiled else "eager", stack_efficiency=stack_efficiency,
+                       host_efficiency=host_efficiency)
     return predict(spec, acc, layout, setup)

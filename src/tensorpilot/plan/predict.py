@@ -57,6 +57,7 @@ class TrainSetup:
     offload: str = "none"                 # host offload: none | optimizer (ZeRO-Offload) | params (+ weights, ZeRO-3)
     doc_len: int | None = None            # tokens a packed document has, under a document mask; None: one a sequence
     stack_efficiency: float = 1.0         # share of the planner's kernel rates the user's stack reaches (plan.anchor)
+    host_efficiency: float = 1.0          # share of the planner's op-dispatch rate its host reaches (eager; plan.anchor)
 
     def __post_init__(self) -> None:
         check_count("seq_len", self.seq_len, MAX_SEQ_LEN)
@@ -79,6 +80,7 @@ class TrainSetup:
         if self.doc_len is not None:
             check_count("doc_len", self.doc_len, MAX_SEQ_LEN)
         check_number("stack_efficiency", self.stack_efficiency, MAX_STACK_EFFICIENCY, above_low=True)
+        check_number("host_efficiency", self.host_efficiency, MAX_STACK_EFFICIENCY, above_low=True)
 
     def goodput_on(self, n_devices: int) -> float:
         """The stated goodput, or the one interruptions leave on ``n_devices`` (calibration.goodput)."""
@@ -446,7 +448,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         kind = ("gated" if spec.mlp == "swiglu" else "plain",
                 "fused" if s.attention in tm.FUSED_ATTENTION else "materialized")
         ops = cal.EAGER_OPS_PER_BLOCK[kind] * (1 + full / 3)
-        host_wait_s = max(0.0, layers_stage * ops * cal.HOST_SECONDS_PER_OP - stage_micro_s)
+        host_wait_s = max(0.0, layers_stage * ops * cal.HOST_SECONDS_PER_OP / s.host_efficiency - stage_micro_s)
         stage_micro_s += host_wait_s
     if lo.pp > 1:               # activations sent forward and gradients back, Megatron's scatter/gather /t
         bw, alpha = tm.group_link(rates, lo.pp, lo.tp * lo.cp * lo.dp)

@@ -134,6 +134,7 @@ class RowResult:
     unit: str
     note: str = ""
     split: str = ""                  # the row's ``split`` column: reference / tuning / holdout
+    bound: str = ""                  # the factor a measurement of the row's step informs (anchor.anchor_part)
 
     @property
     def error(self) -> float | None:
@@ -636,13 +637,14 @@ def _new_result(row, index: int) -> RowResult:
                      published if published and published > 0 else None, None, unit, split=_text(row, "split"))
 
 
-def predict_row(row: dict[str, str], index: int = 1, stack_efficiency: float = 1.0) -> RowResult:
+def predict_row(row: dict[str, str], index: int = 1, stack: dict[str, float] | None = None) -> RowResult:
     """The prediction of one row (``index``: its 1-based position, the id when the row has none);
     a row that cannot be modelled comes back with ``predicted`` None and the reason in ``note``.
-    ``stack_efficiency``: the share of the planner's kernel rates the row's stack reaches (anchored)."""
+    ``stack``: the row's stack's measured factors (anchored: TrainSetup's stack_efficiency /
+    host_efficiency)."""
     result = _new_result(row, index)
     try:
-        result.predicted = _predict(row, result, stack_efficiency)
+        result.predicted = _predict(row, result, stack or {})
     except ConfigError as exc:       # our own sentences: labels, numbers, shapes, layouts, accelerators
         result.note = f"not modelled: {str(exc).rstrip('.')}"
     return result
@@ -748,7 +750,7 @@ def _best_layout_plan(row, spec: ModelSpec, acc, setup):
                       + (f" on {n:,} devices" if n else ""))
 
 
-def _predict(row, result: RowResult, stack_efficiency: float = 1.0) -> float | None:
+def _predict(row, result: RowResult, stack: dict[str, float]) -> float | None:
     from dataclasses import replace
 
     from tensorpilot.hardware import catalog
@@ -779,7 +781,7 @@ def _predict(row, result: RowResult, stack_efficiency: float = 1.0) -> float | N
     if result.metric in TOTALS and not (_number(row, "tokens") if "tokens" in row else None):
         raise ConfigError(f"metric {result.metric!r} needs the row's training tokens (column 'tokens')")
     layout, setup = _layout_setup(row, spec)
-    setup = replace(setup, stack_efficiency=stack_efficiency)
+    setup = replace(setup, **stack)
     # a speed or a memory depends on the device: a row that names none is not guessed at
     gpu = _required(_text(row, "gpu") or None, "the row names no accelerator (column 'gpu')")
     acc = catalog.get(GPU_NAMES.get(gpu.lower(), gpu))
@@ -788,6 +790,9 @@ def _predict(row, result: RowResult, stack_efficiency: float = 1.0) -> float | N
     else:
         plan = _best_layout_plan(row, spec, acc, setup)
         result.note = f"layout not stated: the planner's best on {plan.n_devices:,} devices ({plan.layout_detail.describe()})"
+    from tensorpilot.plan.anchor import anchor_part
+
+    result.bound = anchor_part(plan.time_breakdown_s)
     # the batch the plan ran (a Ulysses degree chosen above may leave the published one)
     setup = replace(setup, global_batch=plan.tokens_per_step // setup.seq_len)
     if layout.n_devices != _int(row, "n_gpus", layout.n_devices) and _layout_stated(row):
@@ -848,7 +853,7 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult]) -> list[tuple
     own run (the same configuration published as another metric, or again) are left out: they
     would match by construction, as the anchor does. Each row comes with its 0-based position in
     ``rows``, in file order, its ``note`` naming its anchor."""
-    from tensorpilot.plan.anchor import solve_efficiency
+    from tensorpilot.plan.anchor import solve_part
 
     groups: dict[str, list[tuple[int, dict[str, str], RowResult]]] = {}
     for n, (row, r) in enumerate(zip(rows, results), 1):
@@ -861,16 +866,16 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult]) -> list[tuple
         if not rest:
             continue
 
-        def speed_at(e: float, row0=row0, n0=n0, r0=r0) -> float:
-            predicted = predict_row(row0, n0, e).predicted
+        def speed_at(part: str, e: float, row0=row0, n0=n0, r0=r0) -> float:
+            predicted = predict_row(row0, n0, {part: e}).predicted
             return _speed(r0.metric, predicted) if predicted else 0.0
         try:
-            found = solve_efficiency(speed_at, _speed(r0.metric, r0.published))
+            found = solve_part(speed_at, r0.bound, _speed(r0.metric, r0.published))
         except ValueError:          # the anchor row's plan has no speed to scale
             continue
         for n, row, _ in rest:
-            a = predict_row(row, n, found.efficiency)
-            a.note = f"anchored on {r0.id}: stack efficiency {found.efficiency:.3g}" + \
+            a = predict_row(row, n, {found.part: found.efficiency})
+            a.note = f"anchored on {r0.id}: {found.part.replace('_', ' ')} {found.efficiency:.3g}" + \
                 ("" if found.reached else " (clamped: no share reproduces it)")
             out.append((n - 1, a))
     return sorted(out, key=lambda t: t[0])

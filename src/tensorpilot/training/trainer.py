@@ -989,21 +989,22 @@ class Trainer:
             try:
                 acc = local_accelerator(self.caps)
 
-                def plan_at(efficiency: float = 1.0):
+                def plan_at(**stack: float):
                     return local_plan(*planned, acc, layout=self.plan.layout, global_batch=self.plan.samples_per_step,
-                                      precision=self.plan.precision, compiled=self.plan.compiled,
-                                      stack_efficiency=efficiency)
+                                      precision=self.plan.precision, compiled=self.plan.compiled, **stack)
                 p = plan_at()
                 out["formula"] = {"step_time_s": p.step_time_s, "memory_bytes": p.memory_bytes["total"],
                                   "hardware": p.hardware, "layout": p.layout, "n_devices": p.n_devices,
                                   "power_w_per_device": p.power_w_per_device}
                 if measured_step_s:
-                    # the share of the planner's kernel rates this stack reached (plan.anchor):
-                    # `tensorpilot plan --stack-efficiency` carries it to other plans
-                    from tensorpilot.plan.anchor import solve_efficiency
+                    # the share of the planner's kernel (or, host-bound, op-dispatch) rates this stack
+                    # reached (plan.anchor): `tensorpilot plan --stack-efficiency` carries it to other plans
+                    from tensorpilot.plan.anchor import anchor_part, solve_part
 
-                    found = solve_efficiency(lambda e: 1 / plan_at(e).step_time_s, 1 / measured_step_s)
-                    out["formula"].update(stack_efficiency=found.efficiency, stack_efficiency_reached=found.reached)
+                    found = solve_part(lambda part, e: 1 / plan_at(**{part: e}).step_time_s,
+                                       anchor_part(p.time_breakdown_s), 1 / measured_step_s)
+                    out["formula"].update(stack_factor=found.part, stack_efficiency=found.efficiency,
+                                          stack_efficiency_reached=found.reached)
             except TensorpilotError as exc:
                 out["formula"] = {"error": str(exc)}
         return out
@@ -1065,11 +1066,14 @@ class Trainer:
                                           f"{pred['measured_over_predicted']:.2f})"))
         formula = pred.get("formula") or {}
         if formula.get("stack_efficiency"):
-            t.add_row("stack efficiency", escape(
-                f"{formula['stack_efficiency']:.3g} of the formula planner's kernel rates on {formula['hardware']} "
-                f"({formula['step_time_s'] * 1e3:,.1f} ms planned at 1); pass --stack-efficiency "
-                f"{formula['stack_efficiency']:.3g} to `tensorpilot plan` to plan other runs of this stack"
-                + ("" if formula.get("stack_efficiency_reached") else " (clamped: the kernels do not set this step)")))
+            part = formula["stack_factor"]
+            t.add_row(part.replace("_", " "), escape(
+                f"{formula['stack_efficiency']:.3g} of the formula planner's "
+                + ("kernel rates" if part == "stack_efficiency" else "op-dispatch rate")
+                + f" on {formula['hardware']} ({formula['step_time_s'] * 1e3:,.1f} ms planned at 1); pass --"
+                + part.replace("_", "-") + f" {formula['stack_efficiency']:.3g} to `tensorpilot plan` to plan "
+                "other runs of this stack"
+                + ("" if formula.get("stack_efficiency_reached") else " (clamped: the stack does not set this step)")))
         if pred.get("memory_bytes"):
             measured = pred.get("measured_memory_bytes")
             t.add_row("step memory", escape(
