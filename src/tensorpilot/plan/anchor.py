@@ -55,10 +55,11 @@ def solve_efficiency(speed_at: Callable[[float], float], measured: float) -> Anc
     more slowly, which the secant learns from the points it has."""
     if not (measured > 0 and math.isfinite(measured)):
         raise ValueError(f"a measured speed must be a positive number, not {measured!r}")
+
     def log_speed(e: float) -> float:
         v = speed_at(e)
         if not (v > 0 and math.isfinite(v)):
-            raise ValueError(f"the planned speed at stack efficiency {e:.3g} is {v!r}, not a positive number")
+            raise ValueError(f"the planned speed at a factor of {e:.3g} is {v!r}, not a positive number")
         return math.log(v)
 
     lo, hi = math.log(MIN_STACK_EFFICIENCY), math.log(MAX_STACK_EFFICIENCY)
@@ -72,7 +73,7 @@ def solve_efficiency(speed_at: Callable[[float], float], measured: float) -> Anc
         if abs(y1 - target) <= TOLERANCE:
             return Anchor(math.exp(x1), True)
         slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
-        if slope <= 0:                           # the kernels no longer set the speed here
+        if slope <= 0:                           # the factor no longer sets the speed here
             break
         x2 = min(hi, max(lo, x1 + (target - y1) / slope))
         if x2 == x1:                             # clamped at a bound that cannot reach it
@@ -107,5 +108,6 @@ def stack_efficiency(spec, acc, layout, setup, measured_step_s: float) -> Anchor
 
     def speed_at(part: str, e: float) -> float:
         return 1.0 / predict(spec, acc, layout, replace(setup, **{part: e})).step_time_s
+
     part = anchor_part(predict(spec, acc, layout, setup).time_breakdown_s)
     return solve_part(speed_at, part, 1.0 / measured_step_s)
