@@ -92,6 +92,21 @@ def test_an_unknown_label_is_the_rows_reason_not_the_files():
     assert results[2].predicted > results[0].predicted          # fp8 GEMMs: more tokens/s than bf16
 
 
+def test_a_unit_must_measure_its_metric():
+    from tensorpilot.plan.validate import validate_rows
+
+    base = {"id": "U-1", "model": "Llama 3 8B", "params_b": "8", "hidden": "4096", "layers": "32", "heads": "32",
+            "vocab": "128256", "ffn_hidden": "14336", "kv_heads": "8", "gpu": "H100-80GB", "n_gpus": "8", "tp": "1",
+            "pp": "1", "dp": "8", "seq_len": "8192", "global_batch": "16", "micro_batch": "2", "precision": "bf16",
+            "recompute": "none", "sharding": "fsdp", "metric": "achieved_tflops_per_gpu", "value": "400",
+            "unit": "TFLOP/s/GPU", "flops_convention": "", "source": "test"}
+    per_gpu, bare, time_in_gb = validate_rows([base, {**base, "id": "U-2", "unit": "TFLOP/s"},
+                                               {**base, "id": "U-3", "metric": "iteration_time", "unit": "GB"}])
+    assert bare.predicted == per_gpu.predicted is not None      # the metric's name says per GPU
+    assert time_in_gb.predicted is None
+    assert "unit 'GB' does not measure 'iteration_time' (it takes s, min, h, days)" in time_in_gb.note
+
+
 # ------------------------------------------------------------------ optimizers
 
 def test_eight_bit_adamw_is_two_bytes_plus_block_scales():

@@ -69,8 +69,17 @@ METRIC_KINDS = {
 # metrics that need the row's token budget (column ``tokens``)
 TOTALS = ("gpu_hours", "time_to_train", "energy")
 UNITS = {"GB": 1e9, "MB": 2**20, "MiB": 2**20, "GiB": 2**30, "TB": 1e12, "s": 1.0, "min": 60.0, "h": 3600.0,
-         "days": 86400.0, "TFLOP/s/GPU": 1e12, "tokens/s/GPU": 1.0, "%": 0.01, "GPU-hours": 1.0,
-         "kWh": 1.0, "MWh": 1000.0}
+         "days": 86400.0, "TFLOP/s/GPU": 1e12, "TFLOP/s": 1e12, "TFLOPS": 1e12, "tokens/s/GPU": 1.0, "%": 0.01,
+         "GPU-hours": 1.0, "kWh": 1.0, "MWh": 1000.0}
+# what each unit measures, and what each metric is measured in: a row pairing them otherwise (an
+# iteration time in GB) is reported, not scaled into a wrong number. A bare "TFLOP/s" on the
+# per-GPU metric is the per-GPU rate the metric's name says.
+_UNIT_QUANTITY = {"GB": "bytes", "MB": "bytes", "MiB": "bytes", "GiB": "bytes", "TB": "bytes", "s": "time",
+                  "min": "time", "h": "time", "days": "time", "TFLOP/s/GPU": "flops", "TFLOP/s": "flops",
+                  "TFLOPS": "flops", "tokens/s/GPU": "tokens", "%": "share", "GPU-hours": "device time",
+                  "kWh": "energy", "MWh": "energy"}
+_METRIC_QUANTITY = {"achieved_tflops_per_gpu": "flops", "tokens_per_s_per_gpu": "tokens", "mfu": "share",
+                    "iteration_time": "time", "time_to_train": "time", "gpu_hours": "device time", "energy": "energy"}
 # GPU names papers use without the board form -> catalog keys (training clusters are SXM boards:
 # DGX/HGX systems); anything else goes to the catalog's own lookup (keys, aliases, driver names)
 GPU_NAMES = {"a100-80gb": "a100-sxm4-80gb", "a100 80gb": "a100-sxm4-80gb", "a100": "a100-sxm4-80gb",
@@ -760,6 +769,10 @@ def _predict(row, result: RowResult, stack: dict[str, float]) -> float | None:
     _check_sizes(row)
     if result.metric not in METRIC_KINDS or result.unit not in UNITS:
         raise ConfigError(f"metric {result.metric!r} / unit {result.unit!r} is not one the planner predicts")
+    quantity = _METRIC_QUANTITY.get(result.metric, "bytes")
+    if _UNIT_QUANTITY[result.unit] != quantity:
+        units = ", ".join(u for u, q in _UNIT_QUANTITY.items() if q == quantity)
+        raise ConfigError(f"unit {result.unit!r} does not measure {result.metric!r} (it takes {units})")
     if result.published is None:
         raise ConfigError(f"column 'value' is {_text(row, 'value')[:40]!r}, not a positive number")
     scale = UNITS[result.unit]
