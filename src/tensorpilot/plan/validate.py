@@ -763,6 +763,7 @@ def _predict(row, result: RowResult, stack: dict[str, float]) -> float | None:
     from dataclasses import replace
 
     from tensorpilot.hardware import catalog
+    from tensorpilot.plan.anchor import anchor_part
     from tensorpilot.plan.predict import predict
 
     _check_shape(row)
@@ -803,8 +804,6 @@ def _predict(row, result: RowResult, stack: dict[str, float]) -> float | None:
     else:
         plan = _best_layout_plan(row, spec, acc, setup)
         result.note = f"layout not stated: the planner's best on {plan.n_devices:,} devices ({plan.layout_detail.describe()})"
-    from tensorpilot.plan.anchor import anchor_part
-
     result.bound = anchor_part(plan.time_breakdown_s)
     # the batch the plan ran (a Ulysses degree chosen above may leave the published one)
     setup = replace(setup, global_batch=plan.tokens_per_step // setup.seq_len)
@@ -860,9 +859,9 @@ def _run_key(row) -> tuple:
 
 
 def anchored(rows: list[dict[str, str]], results: list[RowResult]) -> list[tuple[int, RowResult]]:
-    """Each source's other speed rows predicted at the stack efficiency its first speed row
-    measures (plan.anchor): what the planner says once the user has measured one run of their
-    stack. A source is the row's ``source`` text -- one document, one stack. Rows of the anchor's
+    """Each source's other speed rows predicted at the factor its first speed row measures
+    (plan.anchor: the kernels' or, for a host-bound step, the host's): what the planner says once
+    the user has measured one run of their stack. A source is the row's ``source`` text -- one document, one stack. Rows of the anchor's
     own run (the same configuration published as another metric, or again) are left out: they
     would match by construction, as the anchor does. Each row comes with its 0-based position in
     ``rows``, in file order, its ``note`` naming its anchor."""
@@ -882,6 +881,7 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult]) -> list[tuple
         def speed_at(part: str, e: float, row0=row0, n0=n0, r0=r0) -> float:
             predicted = predict_row(row0, n0, {part: e}).predicted
             return _speed(r0.metric, predicted) if predicted else 0.0
+
         try:
             found = solve_part(speed_at, r0.bound, _speed(r0.metric, r0.published))
         except ValueError:          # the anchor row's plan has no speed to scale
