@@ -109,6 +109,8 @@ def test_plan_a_user_factory_end_to_end(models):
     (["--model", "usermodels:two_inputs", "--input-shape", "12"], ["usermodels:two_inputs", "TwoInputs",
                                                                     "PKG.MOD:FACTORY wrapping it"]),
     (["--model", "usermodels:frozen", "--input-shape", "12"], ["usermodels:frozen", "no trainable parameters"]),
+    (["--model", "usermodels:small", "--input-shape", "12", "--measured-step-s", "0.5"],
+     ["--measured-step-s", "tensorpilot train", "plan calibration"]),
 ])
 def test_bad_input_is_one_sentence(models, args, words):
     proc = _plan(models, *args, check=False)

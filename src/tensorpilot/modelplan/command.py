@@ -103,6 +103,12 @@ def _cmd_traced(args) -> int:
     if args.search or args.deadline or args.inference:
         raise UsageError("--search, --deadline and --inference plan presets; a traced model is planned for one "
                          "layout: pass --gpus N and --sharding.")
+    stack = [f for f in ("measured_step_s", "measured_tokens_per_s", "stack_efficiency", "host_efficiency")
+             if getattr(args, f, None) is not None]
+    if stack:
+        flag = "--" + stack[0].replace("_", "-")
+        raise UsageError(f"{flag} anchors preset and config.json plans; a traced model's plan learns your stack "
+                         "from `tensorpilot train` runs of it (see `tensorpilot plan calibration`).")
     split = [f"--{k} {getattr(args, k)}" for k in ("tp", "pp", "cp") if getattr(args, k, 1) > 1]
     if split or args.sharding == "hsdp":
         raise UsageError(f"{' '.join(split) or '--sharding hsdp'}: a traced model is planned on data-parallel "
