@@ -161,6 +161,9 @@ def test_validate_anchor_cli_reports_both_errors(tmp_path, capsys):
     assert main(["plan", "validate", str(path), "--anchor"]) == 0
     text = capsys.readouterr().out
     assert f"1 rows anchored: median abs error {100 * abs(carried / 25000 - 1):.1f}%" in text
+    # nearest: A-0 and its TFLOP/s row are anchored on A-1, A-1 on A-0
+    assert main(["plan", "validate", str(path), "--anchor", "nearest", "--json"]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)["anchored"]["rows"]] == ["A-0", "A-0f", "A-1"]
 
 
 def _eager(batch: int, **stack):
@@ -225,3 +228,21 @@ def test_validate_anchors_a_host_bound_first_row_on_the_host(tmp_path):
     assert carried.note.startswith("anchored on E-0: host efficiency")
     # the device-bound row is planned as before: the host's wait hides behind its kernels
     assert carried.predicted == pytest.approx(plain[1].predicted, rel=1e-9)
+
+
+def test_nearest_anchors_each_row_on_its_most_similar_run(tmp_path):
+    path, rows = _rows(tmp_path, [20000, 25000])         # A-0 (mb 1), A-0f (its TFLOP/s), A-1 (mb 2)
+    rows.insert(3, dict(rows[2], id="A-2", gpu="A100-80GB", value="9000"))   # A-1 on another part
+    results = validate_rows(rows)
+    carried = dict((r.id, r) for _, r in anchored(rows, results, "nearest"))
+    # A-1's nearest other run is A-2 (one column differs: the part) not A-0 (micro- and global batch)
+    assert carried["A-1"].note.startswith("anchored on A-2:")
+    assert carried["A-2"].note.startswith("anchored on A-1:")
+    # A-0 and its TFLOP/s row are one run: each is anchored on A-1 or A-2, never on the other
+    assert carried["A-0"].note.startswith("anchored on A-1:") and carried["A-0f"].note.startswith("anchored on A-1:")
+    # one device, fused kernels: the speed scales with the kernels' factor exactly
+    by_id = {r.id: r for r in results}
+    assert carried["A-1"].predicted == pytest.approx(by_id["A-1"].predicted * 9000 / by_id["A-2"].predicted,
+                                                     rel=3e-3)
+    with pytest.raises(ConfigError, match="anchor must be one of first, nearest"):
+        anchored(rows, results, "closest")

@@ -22,9 +22,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     p.add_argument("action", nargs="?", choices=["validate"],
                    help="'validate FILE.csv': predict every row of a published-runs CSV and report errors.")
     p.add_argument("file", nargs="?", metavar="FILE.csv", help="The CSV for 'validate'.")
-    p.add_argument("--anchor", action="store_true",
-                   help="With 'validate': also predict each source's other speed rows at the stack efficiency "
-                        "its first speed row measures (what one measured run of a stack buys; plan.anchor).")
+    p.add_argument("--anchor", nargs="?", const="first", default=None, choices=["first", "nearest"],
+                   help="With 'validate': also predict each source's speed rows at the factor one other run of "
+                        "the source measures (what one measured run of a stack buys; plan.anchor): its first "
+                        "speed row (default), or for each row the source's most similar run ('nearest').")
     m = p.add_argument_group("model")
     m.add_argument("--model", default="llama3-8b", metavar="NAME",
                    help="Preset (see --list-models; tp-gpt-<size> is the built-in gpt) or a config.json "
@@ -569,7 +570,7 @@ def _cmd_validate(args) -> int:
     rows = load_rows(args.file)
     results = validate_rows(rows)
     summary = summarize(results)
-    carried = anchored(rows, results) if args.anchor else None
+    carried = anchored(rows, results, args.anchor) if args.anchor else None
     if args.json:
         out = {"rows": [r.to_dict() for r in results], "summary": summary, "counts": counts(results),
                "by_split": by_split(results)}
@@ -590,7 +591,7 @@ def format_anchored(results, carried) -> str:
     """The anchored rows as a Markdown table, then their error beside the same rows' unanchored one."""
     from tensorpilot.plan.validate import summarize
 
-    lines = ["## Anchored: each source's first speed row measures its stack's efficiency", "",
+    lines = ["## Anchored: one run of each source measures its stack's factor", "",
              "| id | metric | published | predicted | error | note |", "|---|---|---:|---:|---:|---|"]
     for _, r in carried:
         lines.append(f"| {_cell(r.id)} | {_cell(r.metric)} | {r.published:,.4g} {_cell(r.unit)} | "

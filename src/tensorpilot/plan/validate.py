@@ -858,35 +858,59 @@ def _run_key(row) -> tuple:
     return tuple(sorted((k, _text(row, k).lower()) for k in row if k and k not in _NOT_THE_RUN))
 
 
-def anchored(rows: list[dict[str, str]], results: list[RowResult]) -> list[tuple[int, RowResult]]:
-    """Each source's other speed rows predicted at the factor its first speed row measures
+ANCHORS = ("first", "nearest")
+
+
+def _run_distance(a, b) -> int:
+    """How many of the run's columns two rows of one source differ in."""
+    ka, kb = dict(_run_key(a)), dict(_run_key(b))
+    return sum(ka.get(k) != kb.get(k) for k in set(ka) | set(kb))
+
+
+def anchored(rows: list[dict[str, str]], results: list[RowResult],
+             anchor: str = "first") -> list[tuple[int, RowResult]]:
+    """A source's speed rows predicted at the factor one other run of the source measures
     (plan.anchor: the kernels' or, for a host-bound step, the host's): what the planner says once
-    the user has measured one run of their stack. A source is the row's ``source`` text -- one document, one stack. Rows of the anchor's
-    own run (the same configuration published as another metric, or again) are left out: they
-    would match by construction, as the anchor does. Each row comes with its 0-based position in
-    ``rows``, in file order, its ``note`` naming its anchor."""
+    the user has measured one run of their stack. A source is the row's ``source`` text -- one
+    document, one stack. ``anchor``: "first", the source's first speed row anchors all its other
+    runs; "nearest", each row is anchored on the source's run that differs from it in the fewest
+    columns (a user measuring a run like the one planned; ties: the earlier). Rows of the anchor's
+    own run (the same configuration published as another metric, or again) are never anchored on
+    it: they would match by construction. Each row comes with its 0-based position in ``rows``,
+    in file order, its ``note`` naming its anchor."""
     from tensorpilot.plan.anchor import solve_part
 
+    if anchor not in ANCHORS:
+        raise ConfigError(f"anchor must be one of {', '.join(ANCHORS)}, not {anchor!r}")
     groups: dict[str, list[tuple[int, dict[str, str], RowResult]]] = {}
     for n, (row, r) in enumerate(zip(rows, results), 1):
         if r.predicted is not None and r.kind != "memory" and _text(row, "source"):
             groups.setdefault(_text(row, "source"), []).append((n, row, r))
+    solved: dict[int, object] = {}
+
+    def factor(n0: int, row0, r0):
+        """The anchor row's solved factor (None: its plan has no speed to scale), once each."""
+        if n0 not in solved:
+            def speed_at(part: str, e: float) -> float:
+                predicted = predict_row(row0, n0, {part: e}).predicted
+                return _speed(r0.metric, predicted) if predicted else 0.0
+
+            try:
+                solved[n0] = solve_part(speed_at, r0.bound, _speed(r0.metric, r0.published))
+            except ValueError:
+                solved[n0] = None
+        return solved[n0]
+
     out: list[tuple[int, RowResult]] = []
     for members in groups.values():
-        (n0, row0, r0) = members[0]
-        rest = [m for m in members[1:] if _run_key(m[1]) != _run_key(row0)]
-        if not rest:
-            continue
-
-        def speed_at(part: str, e: float, row0=row0, n0=n0, r0=r0) -> float:
-            predicted = predict_row(row0, n0, {part: e}).predicted
-            return _speed(r0.metric, predicted) if predicted else 0.0
-
-        try:
-            found = solve_part(speed_at, r0.bound, _speed(r0.metric, r0.published))
-        except ValueError:          # the anchor row's plan has no speed to scale
-            continue
-        for n, row, _ in rest:
+        for n, row, _ in members[1:] if anchor == "first" else members:
+            others = [m for m in (members[:1] if anchor == "first" else members) if _run_key(m[1]) != _run_key(row)]
+            if not others:
+                continue
+            n0, row0, r0 = min(others, key=lambda m: (_run_distance(m[1], row), m[0]))
+            found = factor(n0, row0, r0)
+            if found is None:
+                continue
             a = predict_row(row, n, {found.part: found.efficiency})
             a.note = f"anchored on {r0.id}: {found.part.replace('_', ' ')} {found.efficiency:.3g}" + \
                 ("" if found.reached else " (clamped: no share reproduces it)")
