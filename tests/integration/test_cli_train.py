@@ -56,10 +56,11 @@ def test_train_writes_summary_metrics_tensorboard_and_checkpoint(tmp_path):
     assert "summary" in proc.stdout
     # the formula planner's kernel share this stack reached (plan.anchor), for `plan --stack-efficiency`
     f = s["predicted"]["formula"]
-    assert f["stack_factor"] in ("stack_efficiency", "host_efficiency")
-    assert 0.01 <= f["stack_efficiency"] <= 4 and "--" + f["stack_factor"].replace("_", "-") in proc.stdout
-    if f["stack_efficiency_reached"]:   # planned slower at a share below 1, faster above
-        assert (f["stack_efficiency"] < 1) == (s["predicted"]["measured_step_time_s"] > f["step_time_s"])
+    a = f["anchor"]
+    assert a["factor"] in ("stack_efficiency", "host_efficiency")
+    assert 0.01 <= a["value"] <= 4 and f"--{a['factor'].replace('_', '-')} {a['value']:.3g}" in proc.stdout
+    if a["reached"]:                    # planned slower at a share below 1, faster above
+        assert (a["value"] < 1) == (s["predicted"]["measured_step_time_s"] > f["step_time_s"])
 
 
 def test_print_config_reflects_toml_and_cli_precedence(tmp_path):

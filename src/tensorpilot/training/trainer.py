@@ -1003,9 +1003,9 @@ class Trainer:
 
                     found = solve_part(lambda part, e: 1 / plan_at(**{part: e}).step_time_s,
                                        anchor_part(p.time_breakdown_s), 1 / measured_step_s)
-                    out["formula"].update(stack_factor=found.part, stack_efficiency=found.efficiency,
-                                          stack_efficiency_reached=found.reached)
-            except TensorpilotError as exc:
+                    out["formula"]["anchor"] = {"factor": found.part, "value": found.efficiency,
+                                                "reached": found.reached}
+            except (TensorpilotError, ValueError) as exc:
                 out["formula"] = {"error": str(exc)}
         return out
 
@@ -1064,16 +1064,15 @@ class Trainer:
                                           f"{pred['step_time_s'] * 1e3:,.1f} ms predicted (traced plan on "
                                           f"{pred['hardware']}; measured / predicted "
                                           f"{pred['measured_over_predicted']:.2f})"))
-        formula = pred.get("formula") or {}
-        if formula.get("stack_efficiency"):
-            part = formula["stack_factor"]
+        anchor = (pred.get("formula") or {}).get("anchor")
+        if anchor:
+            part, value = anchor["factor"], anchor["value"]
             t.add_row(part.replace("_", " "), escape(
-                f"{formula['stack_efficiency']:.3g} of the formula planner's "
+                f"{value:.3g} of the formula planner's "
                 + ("kernel rates" if part == "stack_efficiency" else "op-dispatch rate")
-                + f" on {formula['hardware']} ({formula['step_time_s'] * 1e3:,.1f} ms planned at 1); pass --"
-                + part.replace("_", "-") + f" {formula['stack_efficiency']:.3g} to `tensorpilot plan` to plan "
-                "other runs of this stack"
-                + ("" if formula.get("stack_efficiency_reached") else " (clamped: the stack does not set this step)")))
+                + f" on {pred['formula']['hardware']} ({pred['formula']['step_time_s'] * 1e3:,.1f} ms planned at 1); "
+                f"pass --{part.replace('_', '-')} {value:.3g} to `tensorpilot plan` to plan other runs of this stack"
+                + ("" if anchor["reached"] else " (clamped: the stack does not set this step)")))
         if pred.get("memory_bytes"):
             measured = pred.get("measured_memory_bytes")
             t.add_row("step memory", escape(
