@@ -72,14 +72,18 @@ def test_unknown_sharding_label_is_one_sentence(label):
         normalize_sharding_label(label)
 
 
+# Llama 3 8B on one 8 x H100 node, FSDP: a validation row the tests below vary one column of
+_LLAMA_ROW = {"id": "X-1", "model": "Llama 3 8B", "params_b": "8", "hidden": "4096", "layers": "32", "heads": "32",
+              "vocab": "128256", "ffn_hidden": "14336", "kv_heads": "8", "gpu": "H100-80GB", "n_gpus": "8", "tp": "1",
+              "pp": "1", "dp": "8", "seq_len": "8192", "global_batch": "16", "micro_batch": "2", "precision": "bf16",
+              "recompute": "none", "sharding": "fsdp", "metric": "tokens_per_s_per_gpu", "value": "6000",
+              "unit": "tokens/s/GPU", "flops_convention": "", "source": "test"}
+
+
 def test_an_unknown_label_is_the_rows_reason_not_the_files():
     from tensorpilot.plan.validate import counts, validate_rows
 
-    base = {"id": "X-1", "model": "Llama 3 8B", "params_b": "8", "hidden": "4096", "layers": "32", "heads": "32",
-            "vocab": "128256", "ffn_hidden": "14336", "kv_heads": "8", "gpu": "H100-80GB", "n_gpus": "8", "tp": "1",
-            "pp": "1", "dp": "8", "seq_len": "8192", "global_batch": "16", "micro_batch": "2", "precision": "bf16",
-            "recompute": "none", "sharding": "fsdp(dp)", "metric": "tokens_per_s_per_gpu", "value": "6000",
-            "unit": "tokens/s/GPU", "flops_convention": "", "source": "test"}
+    base = {**_LLAMA_ROW, "sharding": "fsdp(dp)"}
     rows = [base, {**base, "id": "X-2", "sharding": "ring-of-fire"}, {**base, "id": "X-3", "precision": "fp8"},
             {**base, "id": "X-4", "optimizer": "adafactor"}, {**base, "id": "X-5", "flops_convention": "cp=3"},
             {**base, "id": "X-6", "tp": "8", "dp": "1", "ffn_hidden": "３"}]      # a full-width 3: narrower than tp
@@ -95,11 +99,7 @@ def test_an_unknown_label_is_the_rows_reason_not_the_files():
 def test_a_unit_must_measure_its_metric():
     from tensorpilot.plan.validate import validate_rows
 
-    base = {"id": "U-1", "model": "Llama 3 8B", "params_b": "8", "hidden": "4096", "layers": "32", "heads": "32",
-            "vocab": "128256", "ffn_hidden": "14336", "kv_heads": "8", "gpu": "H100-80GB", "n_gpus": "8", "tp": "1",
-            "pp": "1", "dp": "8", "seq_len": "8192", "global_batch": "16", "micro_batch": "2", "precision": "bf16",
-            "recompute": "none", "sharding": "fsdp", "metric": "achieved_tflops_per_gpu", "value": "400",
-            "unit": "TFLOP/s/GPU", "flops_convention": "", "source": "test"}
+    base = {**_LLAMA_ROW, "id": "U-1", "metric": "achieved_tflops_per_gpu", "value": "400", "unit": "TFLOP/s/GPU"}
     per_gpu, bare, time_in_gb = validate_rows([base, {**base, "id": "U-2", "unit": "TFLOP/s"},
                                                {**base, "id": "U-3", "metric": "iteration_time", "unit": "GB"}])
     assert bare.predicted == per_gpu.predicted is not None      # the metric's name says per GPU
