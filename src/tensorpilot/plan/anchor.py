@@ -106,8 +106,11 @@ def stack_efficiency(spec, acc, layout, setup, measured_step_s: float) -> Anchor
 
     from tensorpilot.plan.predict import predict
 
+    plan = predict(spec, acc, layout, setup)
+
     def speed_at(part: str, e: float) -> float:
+        if e == getattr(setup, part):            # the plan already made (the solve starts there)
+            return 1.0 / plan.step_time_s
         return 1.0 / predict(spec, acc, layout, replace(setup, **{part: e})).step_time_s
 
-    part = anchor_part(predict(spec, acc, layout, setup).time_breakdown_s)
-    return solve_part(speed_at, part, 1.0 / measured_step_s)
+    return solve_part(speed_at, anchor_part(plan.time_breakdown_s), 1.0 / measured_step_s)

@@ -47,18 +47,23 @@ def local_accelerator(caps: Any) -> Accelerator:
                        mem_bw_gb_per_s=copy / 1e9 / cal.MEMORY_BW_FRACTION, link_gb_per_s=link, **peaks)
 
 
+def local_setup(seq_len: int, *, global_batch: int, precision: str, compiled: bool = False):
+    """The planner's TrainSetup of one training configuration run here: ``compiled``, the step runs
+    under torch.compile (fused elementwise kernels), else eagerly."""
+    from tensorpilot.plan.predict import TrainSetup
+
+    return TrainSetup(seq_len=seq_len, global_batch=global_batch,
+                      precision="fp32" if precision == "tf32" else precision, attention="flash",
+                      kernels="fused" if compiled else "eager")
+
+
 def local_plan(spec: Any, seq_len: int, acc: Accelerator, *, layout: Any, global_batch: int, precision: str,
-               compiled: bool = False, stack_efficiency: float = 1.0, host_efficiency: float = 1.0):
+               compiled: bool = False):
     """The planner's Plan of one training configuration of ``spec`` (a ModelSpec; from a
     workload spec's planner) on ``acc`` (e.g. ``local_accelerator``) with ``layout`` (a
-    tensorpilot.layout.Layout: micro-batch and recomputation included); ``compiled``: the
-    step runs under torch.compile (fused elementwise kernels), else eagerly; ``stack_efficiency`` /
-    ``host_efficiency``: the share of the planner's kernel / op-dispatch rates the stack reaches
-    (plan.anchor)."""
-    from tensorpilot.plan.predict import TrainSetup, predict
+    tensorpilot.layout.Layout: micro-batch and recomputation included); the setup is
+    ``local_setup``'s."""
+    from tensorpilot.plan.predict import predict
 
-    setup = TrainSetup(seq_len=seq_len, global_batch=global_batch,
-                       precision="fp32" if precision == "tf32" else precision, attention="flash",
-                       kernels="fused" if compiled else "eager", stack_efficiency=stack_efficiency,
-                       host_efficiency=host_efficiency)
-    return predict(spec, acc, layout, setup)
+    return predict(spec, acc, layout, local_setup(seq_len, global_batch=global_batch, precision=precision,
+                                                  compiled=compiled))

@@ -892,7 +892,8 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult],
         """The anchor row's solved factor (None: its plan has no speed to scale), once each."""
         if n0 not in solved:
             def speed_at(part: str, e: float) -> float:
-                predicted = predict_row(row0, n0, {part: e}).predicted
+                # at 1 the row's own unanchored prediction, already made
+                predicted = r0.predicted if e == 1.0 else predict_row(row0, n0, {part: e}).predicted
                 return _speed(r0.metric, predicted) if predicted else 0.0
 
             try:

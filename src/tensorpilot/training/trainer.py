@@ -984,25 +984,24 @@ class Trainer:
                                                         self._step_ops, measured_step_s)
         planned = self.spec.plan_model(self.workload.meta)
         if planned is not None:
-            from tensorpilot.plan.local import local_accelerator, local_plan
+            from tensorpilot.plan.local import local_accelerator, local_setup
+            from tensorpilot.plan.predict import predict
 
             try:
+                spec, seq_len = planned
                 acc = local_accelerator(self.caps)
-
-                def plan_at(**stack: float):
-                    return local_plan(*planned, acc, layout=self.plan.layout, global_batch=self.plan.samples_per_step,
-                                      precision=self.plan.precision, compiled=self.plan.compiled, **stack)
-                p = plan_at()
+                setup = local_setup(seq_len, global_batch=self.plan.samples_per_step, precision=self.plan.precision,
+                                    compiled=self.plan.compiled)
+                p = predict(spec, acc, self.plan.layout, setup)
                 out["formula"] = {"step_time_s": p.step_time_s, "memory_bytes": p.memory_bytes["total"],
                                   "hardware": p.hardware, "layout": p.layout, "n_devices": p.n_devices,
                                   "power_w_per_device": p.power_w_per_device}
                 if measured_step_s:
                     # the share of the planner's kernel (or, host-bound, op-dispatch) rates this stack
                     # reached (plan.anchor): `tensorpilot plan --stack-efficiency` carries it to other plans
-                    from tensorpilot.plan.anchor import anchor_part, solve_part
+                    from tensorpilot.plan.anchor import stack_efficiency
 
-                    found = solve_part(lambda part, e: 1 / plan_at(**{part: e}).step_time_s,
-                                       anchor_part(p.time_breakdown_s), 1 / measured_step_s)
+                    found = stack_efficiency(spec, acc, self.plan.layout, setup, measured_step_s)
                     out["formula"]["anchor"] = {"factor": found.part, "value": found.efficiency,
                                                 "reached": found.reached}
             except (TensorpilotError, ValueError) as exc:
