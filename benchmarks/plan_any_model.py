@@ -15,6 +15,10 @@ output's last dimension:
               OTHER models' runs, factor_c = clamp(geometric mean of measured_c / predicted_c,
               calibration.BOUNDS[c]), times this model's uncalibrated class times: the error a user
               gets on a model this machine has never run.
+  anchored    the model's own measured step at its smaller batch B solves the share of the planner's
+              rates this stack reaches (planner.anchor: the kernels', or the host's where the step
+              follows the host), which then plans batch 2B: the error a user gets from one measured
+              step of their model (`tensorpilot plan --measured-step-s`, then --stack-efficiency).
   peers       peak memory from torch-kitsune's predict_memory and accelerate's estimate-memory
               (benchmarks/plan_peers.py), given the same model builder and batch.
 
@@ -257,6 +261,33 @@ def add_loo(rows: list[dict]) -> None:
         r["cal_err"] = _err(r["cal_step_s"], r["meas_step_s"])
 
 
+def _classes_step(pred: dict, stack_efficiency: float = 1.0, host_efficiency: float = 1.0) -> float:
+    """A CPU step (the host does not overlap the ops) from its uncalibrated class seconds, at a
+    stack's share of the op rates and of the host's: modelplan.predict.predict_step's sum."""
+    return (pred["compute"] + pred["memory"]) / stack_efficiency + pred["host"] / host_efficiency
+
+
+def add_anchored(rows: list[dict]) -> None:
+    """Each row at the larger batch, planned at the share its model's smaller-batch step measured."""
+    from types import SimpleNamespace
+
+    ok = [r for r in rows if "error" not in r]
+    for r in ok:
+        smaller = [a for a in ok if a["model"] == r["model"] and a["precision"] == r["precision"]
+                   and a["batch"] < r["batch"]]
+        if not smaller:
+            continue
+        a = max(smaller, key=lambda x: x["batch"])
+
+        def make(stack_efficiency=1.0, host_efficiency=1.0, pred=a["pred_classes_s"]):
+            return SimpleNamespace(step_time_s=_classes_step(pred, stack_efficiency, host_efficiency), anchor=None)
+        _, found = planner.anchor(make, a["meas_step_s"])
+        r["anchor"] = {"from_batch": a["batch"], "part": found.part, "efficiency": found.efficiency,
+                       "reached": found.reached}
+        r["anc_step_s"] = _classes_step(r["pred_classes_s"], **{found.part: found.efficiency})
+        r["anc_err"] = _err(r["anc_step_s"], r["meas_step_s"])
+
+
 def stats(errs: list) -> dict:
     a = [abs(e) for e in errs if e is not None]
     return {"n": len(a), "median_abs": statistics.median(a) if a else None, "max_abs": max(a, default=None),
@@ -278,6 +309,9 @@ def summarize(rows: list[dict]) -> dict:
     for tag, sub in groups.items():
         s[f"step_uncalibrated{tag}"] = stats([r["step_err"] for r in sub])
         s[f"step_loo_calibrated{tag}"] = stats([r["cal_err"] for r in sub])
+        anchored = [r for r in sub if "anc_err" in r]
+        s[f"step_anchored_at_half_batch{tag}"] = stats([r["anc_err"] for r in anchored])
+        s[f"step_uncalibrated_same_rows{tag}"] = stats([r["step_err"] for r in anchored])
     for tool, key in (("tensorpilot", "mem_err"), ("kitsune", "kitsune_err"), ("accelerate", "accelerate_err")):
         s[f"memory_{tool}"] = stats([r[key] for r in ok])
     s["factors_all_models"] = fit(ok) if ok else None
@@ -300,17 +334,19 @@ def markdown(data: dict) -> str:
     out = [f"# plan any model: predicted vs measured, {mach['cpu']} ({mach['logical_cpus']} CPUs, torch {mach['torch']})",
            "", f"`{data['command']}`, {data['finished']}. AdamW, cross-entropy. Step: median of 7 real steps (after 3 warm-up) "
            "(flush-to-zero on); peak: live bytes at step start + allocator peak of a profiled step; cal: leave-one-"
-           "model-out factors. Error = predicted / measured - 1. load: others' share of the CPUs while measuring.", "",
-           "| model | family | prec | batch | pred ms | cal ms | meas ms | err | cal err | pred MiB | meas MiB | err "
-           "| kitsune MiB | err | accelerate MiB | err | load |", "|" + "---|" * 17]
+           "model-out factors; anc: planned at the share of the planner's rates the model's own smaller-batch step "
+           "measured (planner.anchor). Error = predicted / measured - 1. load: others' share of the CPUs while measuring.", "",
+           "| model | family | prec | batch | pred ms | cal ms | meas ms | err | cal err | anc err | pred MiB | meas MiB "
+           "| err | kitsune MiB | err | accelerate MiB | err | load |", "|" + "---|" * 18]
     for r in data["rows"]:
         head = f"| {r['model']} | {r['family']} | {r['precision']} | {r['batch']} |"
         if "error" in r:
-            out.append(f"{head} failed: {r['error'][:100]} |" + " |" * 12)
+            out.append(f"{head} failed: {r['error'][:100]} |" + " |" * 13)
             continue
         cal = "n/a" if r["cal_step_s"] is None else f"{r['cal_step_s'] * 1e3:,.0f}"
         out.append(f"{head} {r['pred_step_s'] * 1e3:,.0f} | {cal} | {r['meas_step_s'] * 1e3:,.0f} | "
-                   f"{_pct(r['step_err'])} | {_pct(r['cal_err'])} | {_mib(r['pred_mem'])} | {_mib(r['meas_mem'])} | "
+                   f"{_pct(r['step_err'])} | {_pct(r['cal_err'])} | {_pct(r.get('anc_err'))} | "
+                   f"{_mib(r['pred_mem'])} | {_mib(r['meas_mem'])} | "
                    f"{_pct(r['mem_err'])} | {_mib(r['kitsune_mem'])} | {_pct(r['kitsune_err'])} | "
                    f"{_mib(r['accelerate_mem'])} | {_pct(r['accelerate_err'])} | {r['foreign_load']:.0%} |")
     out += ["", "| abs. error | rows | median | max | rows > 30% |", "|---|---|---|---|---|"]
@@ -372,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     gc.collect()
     add_loo(rows)
+    add_anchored(rows)
     data = {"machine": machine(), "command": " ".join(["python", f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "wall_s": time.perf_counter() - started, "flush_denormal": not args.keep_denormals, "rows": rows}

@@ -15,6 +15,9 @@ from torch import nn
 def small():
     return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 2))
 
+def wide():
+    return nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+
 def broken():
     raise ValueError("no weights here")
 
@@ -109,8 +112,12 @@ def test_plan_a_user_factory_end_to_end(models):
     (["--model", "usermodels:two_inputs", "--input-shape", "12"], ["usermodels:two_inputs", "TwoInputs",
                                                                     "PKG.MOD:FACTORY wrapping it"]),
     (["--model", "usermodels:frozen", "--input-shape", "12"], ["usermodels:frozen", "no trainable parameters"]),
-    (["--model", "usermodels:small", "--input-shape", "12", "--measured-step-s", "0.5"],
-     ["--measured-step-s", "tensorpilot train", "plan calibration"]),
+    (["--model", "usermodels:small", "--input-shape", "12", "--measured-tokens-per-s", "500"],
+     ["--measured-tokens-per-s", "usermodels:small", "--measured-step-s"]),
+    (["--model", "usermodels:small", "--input-shape", "12", "--stack-efficiency", "0"],
+     ["--stack-efficiency", "above 0"]),
+    (["--model", "usermodels:small", "--input-shape", "12", "--measured-step-s", "0.5", "--stack-efficiency", "0.5"],
+     ["--measured-step-s and --stack-efficiency", "pass one"]),
 ])
 def test_bad_input_is_one_sentence(models, args, words):
     proc = _plan(models, *args, check=False)
@@ -120,6 +127,28 @@ def test_bad_input_is_one_sentence(models, args, words):
     assert len(line.splitlines()) == 1, line
     for w in words:
         assert w in line, (w, line)
+
+
+def test_one_measured_step_anchors_a_user_model_and_its_share_plans_another_batch(models):
+    base = ["--model", "usermodels:wide", "--input-shape", "1024", "--gpu", "h100-sxm", "--precision", "bf16",
+            "--loss", "sum", "--json"]
+    plain = json.loads(_plan(models, *base, "--batch-size", "4096").stdout)
+    assert plain["anchor"] is None
+    # a stack at a third of the planner's kernel rates takes three times the kernels' time
+    measured = 3 * (plain["time_breakdown_s"]["compute"] + plain["time_breakdown_s"]["memory"]) + \
+        plain["time_breakdown_s"]["host"] + plain["time_breakdown_s"]["communication"]
+    d = json.loads(_plan(models, *base, "--batch-size", "4096", "--measured-step-s", repr(measured)).stdout)
+    a = d["anchor"]
+    assert a["part"] == "stack_efficiency" and a["reached"] and a["efficiency"] == pytest.approx(1 / 3, rel=1e-2)
+    assert d["step_time_s"] == pytest.approx(measured, rel=1e-2)
+    assert f"--stack-efficiency {a['efficiency']:.3g}" in d["notes"][0]
+    # the printed share plans another batch of the same stack: its kernels at a third of their rates
+    other = json.loads(_plan(models, *base, "--batch-size", "8192").stdout)
+    carried = json.loads(_plan(models, *base, "--batch-size", "8192", "--stack-efficiency",
+                               f"{a['efficiency']:.3g}").stdout)
+    kernels = other["time_breakdown_s"]["compute"] + other["time_breakdown_s"]["memory"]
+    assert carried["time_breakdown_s"]["compute"] + carried["time_breakdown_s"]["memory"] == \
+        pytest.approx(3 * kernels, rel=2e-3)
 
 
 def test_train_writes_predicted_vs_measured_and_refits_the_calibration(models):

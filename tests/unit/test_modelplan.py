@@ -182,6 +182,42 @@ def test_step_time_is_the_sum_of_op_costs_and_calibration_scales_classes():
     assert twice["compute"] + twice["memory"] == pytest.approx(2 * (raw["compute"] + raw["memory"]) - opt_s)
 
 
+def test_the_stack_share_divides_op_and_host_times_by_hand():
+    trace = _trace(mlp, (B, IN))
+    costs = DeviceCosts("x", True, {"fp32": 1e10}, [(1.0, 1e9)], 2e-6, 1e-7, host_per_op_s=1e-6)
+    raw = class_times(trace, costs)
+    plan = predict_step(trace, costs, model="m", batch_size=B, precision="fp32", optimizer="adamw",
+                        factors={"compute": 2.0, "memory": 1.0, "host": 1.0}, stack_efficiency=0.5,
+                        host_efficiency=0.25)
+    # the stack's share multiplies the calibration: compute 2 / 0.5, memory 1 / 0.5, host 1 / 0.25
+    assert plan.time_breakdown_s["compute"] == pytest.approx(4 * raw["compute"])
+    assert plan.time_breakdown_s["memory"] == pytest.approx(2 * raw["memory"])
+    assert plan.time_breakdown_s["host"] == pytest.approx(4 * raw["host"])
+    assert plan.calibration == {"compute": 2.0, "memory": 1.0, "host": 1.0}     # the calibration as stored
+    assert sum(m["time_s"] for m in plan.modules) == pytest.approx(4 * raw["compute"] + 2 * raw["memory"])
+
+
+@pytest.mark.parametrize("host_per_op_s,part,truth", [
+    (1e-9, "stack_efficiency", 0.3),      # the host keeps ahead of the kernels: their share is measured
+    (1e-3, "host_efficiency", 0.5),       # the device waits for the host: the host's share is
+])
+def test_one_measured_step_gives_back_the_share_that_made_it(host_per_op_s, part, truth):
+    trace = _trace(mlp, (B, IN))
+    costs = DeviceCosts("gpu", False, {"fp32": 1e10}, [(1.0, 1e9)], 2e-6, 1e-7, host_per_op_s=host_per_op_s,
+                        async_host=True)
+
+    def make(**stack):
+        return predict_step(trace, costs, model="m", batch_size=B, precision="fp32", optimizer="adamw", **stack)
+    measured = make(**{part: truth}).step_time_s
+    plan, found = planner.anchor(make, measured)
+    assert found.part == part and found.reached and found.efficiency == pytest.approx(truth, rel=2e-3)
+    assert plan.step_time_s == pytest.approx(measured, rel=2e-3)
+    assert plan.anchor["part"] == part and plan.anchor["unanchored_step_s"] == pytest.approx(make().step_time_s)
+    # a step faster than four times the planner's rates: the share is clamped at its bound and says so
+    _, clamped = planner.anchor(make, make().step_time_s / 100)
+    assert not clamped.reached and clamped.efficiency == pytest.approx(4.0)
+
+
 def test_sharding_divides_model_states_like_zero():
     mem = {"parameters": 8.0, "gradients": 8.0, "optimizer": 16.0, "activations": 4.0, "total": 36.0}
     assert sharded_memory(mem, 4, "zero1")["total"] == 8 + 8 + 4 + 4

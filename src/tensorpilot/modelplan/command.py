@@ -103,12 +103,7 @@ def _cmd_traced(args) -> int:
     if args.search or args.deadline or args.inference:
         raise UsageError("--search, --deadline and --inference plan presets; a traced model is planned for one "
                          "layout: pass --gpus N and --sharding.")
-    stack = [f for f in ("measured_step_s", "measured_tokens_per_s", "stack_efficiency", "host_efficiency")
-             if getattr(args, f, None) is not None]
-    if stack:
-        flag = "--" + stack[0].replace("_", "-")
-        raise UsageError(f"{flag} anchors preset and config.json plans; a traced model's plan learns your stack "
-                         "from `tensorpilot train` runs of it (see `tensorpilot plan calibration`).")
+    _check_stack(args)
     split = [f"--{k} {getattr(args, k)}" for k in ("tp", "pp", "cp") if getattr(args, k, 1) > 1]
     if split or args.sharding == "hsdp":
         raise UsageError(f"{' '.join(split) or '--sharding hsdp'}: a traced model is planned on data-parallel "
@@ -127,21 +122,61 @@ def _cmd_traced(args) -> int:
         raise UsageError(f"--precision {args.precision} is not available for a traced model; use "
                          f"{', '.join(planner.PRECISIONS)}.")
     gpus = args.gpus or 1
+    if args.measured_tokens_per_s is not None and not src.tokens_per_sample:
+        raise UsageError(f"--measured-tokens-per-s needs a model whose samples are tokens, and {src.name}'s are "
+                         "not: pass the measured step's seconds as --measured-step-s.")
     trace = planner.trace_source(src, batch_size=batch, precision=precision, optimizer=optimizer, loss=loss,
                                  input_shape=shape, input_dtype=dtype)
+    stack = {"stack_efficiency": args.stack_efficiency or 1.0, "host_efficiency": args.host_efficiency or 1.0}
     if args.gpu in (None, "local"):
-        plan = planner.plan_local(trace, src, batch_size=batch, precision=precision, optimizer=optimizer,
-                                  device=args.device, calibrate=not args.no_calibration, n_devices=gpus,
-                                  sharding=args.sharding, top=args.top_k)
+        def make(**given):
+            return planner.plan_local(trace, src, batch_size=batch, precision=precision, optimizer=optimizer,
+                                      device=args.device, calibrate=not args.no_calibration, n_devices=gpus,
+                                      sharding=args.sharding, top=args.top_k, **{**stack, **given})
     else:
         acc = plan_command.accelerator(args)
-        plan = planner.plan_catalog(trace, src, acc, batch_size=batch, precision=precision,
-                                    optimizer=optimizer, n_devices=gpus, sharding=args.sharding, top=args.top_k)
+
+        def make(**given):
+            return planner.plan_catalog(trace, src, acc, batch_size=batch, precision=precision, optimizer=optimizer,
+                                        n_devices=gpus, sharding=args.sharding, top=args.top_k, **{**stack, **given})
+    step_s = args.measured_step_s
+    if args.measured_tokens_per_s is not None:
+        step_s = batch * gpus * src.tokens_per_sample / args.measured_tokens_per_s
+    if step_s is None:
+        plan = make()
+    else:
+        plan, found = planner.anchor(make, step_s)
+        plan.notes.insert(0, _anchor_sentence(found, step_s))
     if args.json:
         print(_json(plan.to_dict()))
     else:
         _print(plan, args.top_k)
     return 0
+
+
+def _check_stack(args) -> None:
+    """The stack flags (plan.command's group) in range and not saying one thing twice."""
+    from tensorpilot.plan.limits import MAX_STACK_EFFICIENCY, check_number
+
+    given = [f for f in ("measured_step_s", "measured_tokens_per_s", "stack_efficiency", "host_efficiency")
+             if getattr(args, f, None) is not None]
+    for name in given:
+        check_number("--" + name.replace("_", "-"), getattr(args, name),
+                     1e30 if name.startswith("measured") else MAX_STACK_EFFICIENCY, above_low=True)
+    if len(given) > 1 and given[:2] != ["stack_efficiency", "host_efficiency"]:
+        flags = " and ".join("--" + f.replace("_", "-") for f in given)
+        raise UsageError(f"{flags} say the same thing; pass one of them.")
+
+
+def _anchor_sentence(found, step_s: float) -> str:
+    what = "op rates" if found.part == "stack_efficiency" else "host op rate (this step waits for the host)"
+    flag = "--" + found.part.replace("_", "-")
+    said = (f"{found.part.replace('_', ' ')} {found.efficiency:.3g}: the share of the planner's {what} at which "
+            f"this run steps in the measured {step_s:,.4g} s (pass {flag} {found.efficiency:.3g} to plan other "
+            "batch sizes, device counts or parts with this stack)")
+    if not found.reached:
+        said += "; no share within its bounds reproduces the measurement, so it is clamped"
+    return said
 
 
 def _print(plan, top: int) -> None:

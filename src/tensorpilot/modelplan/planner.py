@@ -102,8 +102,10 @@ def trace_types(model: nn.Module) -> dict[str, str]:
 def plan_local(trace: StepTrace, source: ModelSource | None, *, batch_size: int, precision: str, optimizer: str,
                device: str = "cpu", calibrate: bool = True, n_devices: int = 1, sharding: str = "none",
                budget_s: float | None = None, top: int = 10, grad_accum: int = 1, name: str | None = None,
-               tokens_per_sample: int | None = None, module_types: dict[str, str] | None = None):
-    """The plan on this machine's ``device``, from its measured costs (and calibration)."""
+               tokens_per_sample: int | None = None, module_types: dict[str, str] | None = None,
+               stack_efficiency: float = 1.0, host_efficiency: float = 1.0):
+    """The plan on this machine's ``device``, from its measured costs (and calibration), at the
+    user's stack's share of them (predict_step)."""
     from tensorpilot.hardware.device import detect
     from tensorpilot.hardware.peak import device_peak
     from tensorpilot.modelplan import calibration, costs
@@ -125,17 +127,19 @@ def plan_local(trace: StepTrace, source: ModelSource | None, *, batch_size: int,
                         optimizer=optimizer, factors=factors, n_devices=n_devices, sharding=sharding,
                         link_bytes_per_s=link, device_memory_bytes=caps.memory_bytes or None,
                         peak_flops_per_s=basis, peak_source=source_name, grad_accum=grad_accum,
-                        cpu_buffers=caps.kind == "cpu",
-                        tokens_per_sample=tokens_per_sample or (source.tokens_per_sample if source else None), top=top,
+                        cpu_buffers=caps.kind == "cpu", stack_efficiency=stack_efficiency,
+                        host_efficiency=host_efficiency, tokens_per_sample=tokens_per_sample or (source.tokens_per_sample if source else None), top=top,
                         module_types=module_types or (trace_types(source.model) if source else None))
     # a catalogued GPU has a TDP for the power model; a CPU's is not in the catalog
     return plan.with_power(local_accelerator(caps), compute_key) if caps.kind != "cpu" else plan
 
 
 def plan_catalog(trace: StepTrace, source: ModelSource, acc: Any, *, batch_size: int, precision: str,
-                 optimizer: str, n_devices: int = 1, sharding: str = "none", top: int = 10):
+                 optimizer: str, n_devices: int = 1, sharding: str = "none", top: int = 10,
+                 stack_efficiency: float = 1.0, host_efficiency: float = 1.0):
     """The plan on a catalogued accelerator ``acc`` (hardware.catalog.Accelerator), from its
-    datasheet; the trace ran on fake CPU tensors, which have the same shapes, FLOPs and bytes."""
+    datasheet; the trace ran on fake CPU tensors, which have the same shapes, FLOPs and bytes.
+    ``stack_efficiency`` / ``host_efficiency``: the user's stack's share of its rates (anchor)."""
     from tensorpilot.modelplan.costs import catalog_costs
     from tensorpilot.modelplan.predict import predict_step
     from tensorpilot.plan.predict import device_rates
@@ -153,8 +157,35 @@ def plan_catalog(trace: StepTrace, source: ModelSource, acc: Any, *, batch_size:
                         link_bytes_per_s=rates.link_bytes_per_s, alpha_s=5e-6,
                         device_memory_bytes=(acc.mem_gb or 0) * 1e9 or None, peak_flops_per_s=peak,
                         peak_source=f"{acc.key} datasheet {key} peak", tokens_per_sample=source.tokens_per_sample,
-                        top=top, module_types=trace_types(source.model))
+                        top=top, module_types=trace_types(source.model), stack_efficiency=stack_efficiency,
+                        host_efficiency=host_efficiency)
     return plan.with_power(acc, key)
+
+
+def anchor(make: Callable[..., Any], measured_step_s: float):
+    """The plan at the share of its rates that reproduces one measured step, and that share
+    (plan.anchor.Anchor). ``make(stack_efficiency=, host_efficiency=)`` plans the measured run
+    (plan_local / plan_catalog with its arguments bound).
+
+    The share solved is that of the part the step's time follows more closely (plan.anchor's
+    roofline argument: a measurement informs the bound that is active): the host's ops a second
+    when a 10% faster host shortens the planned step more than 10% faster kernels do -- a GPU
+    waiting for eager dispatch, a CPU step of many small ops -- else the kernels' rates."""
+    from tensorpilot.plan.anchor import solve_part
+
+    plan = make()
+    step = plan.step_time_s
+    faster = {part: make(**{part: 1.1}).step_time_s for part in ("stack_efficiency", "host_efficiency")}
+    part = "host_efficiency" if faster["host_efficiency"] < faster["stack_efficiency"] else "stack_efficiency"
+
+    def speed_at(p: str, e: float) -> float:
+        return 1.0 / (step if e == 1.0 else make(**{p: e}).step_time_s)
+
+    found = solve_part(speed_at, part, 1.0 / measured_step_s)
+    anchored = make(**{found.part: found.efficiency})
+    anchored.anchor = {"measured_step_s": measured_step_s, "part": found.part, "efficiency": found.efficiency,
+                       "reached": found.reached, "unanchored_step_s": step}
+    return anchored, found
 
 
 def measure_step(source: ModelSource, *, batch_size: int, precision: str = "fp32", optimizer: str = "adamw",

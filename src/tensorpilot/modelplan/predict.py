@@ -1,8 +1,9 @@
 """Memory and step time of one training step of any model, from its trace.
 
 step time = sum over ops of the op's cost (``costs``), each op class scaled by its calibration
-factor (1 until this machine has measured runs: ``calibration``), plus the exposed part of the
-layout's data-parallel communication. Memory = MemTracker's peak of the traced step, with model
+factor (1 until this machine has measured runs: ``calibration``) and by the user's stack (the
+share of the op rates it reaches, solved from one measured step: ``planner.anchor``), plus the
+exposed part of the layout's data-parallel communication. Memory = MemTracker's peak of the traced step, with model
 states divided over the data-parallel group as the sharding says.
 """
 
@@ -54,6 +55,7 @@ class ModelPlan:
     modules: list[dict[str, Any]] = field(default_factory=list)
     ops: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    anchor: dict[str, Any] | None = None     # the measured step the stack's share was solved from (planner.anchor)
     power_w_per_device: float | None = None   # board power at this step's utilisation (catalogued TDP)
     energy_per_step_j: float | None = None    # power x devices x step time
 
@@ -147,23 +149,32 @@ def predict_step(trace: StepTrace, costs: Any, *, model: str, batch_size: int, p
                  device_memory_bytes: float | None = None, peak_flops_per_s: float | None = None,
                  peak_source: str = "", tokens_per_sample: int | None = None, top: int = 10,
                  module_types: dict[str, str] | None = None, grad_accum: int = 1,
-                 cpu_buffers: bool = False) -> ModelPlan:
+                 cpu_buffers: bool = False, stack_efficiency: float = 1.0,
+                 host_efficiency: float = 1.0) -> ModelPlan:
     """The plan of the traced step on ``costs``' device (per device of ``n_devices`` data-parallel
     replicas, each with ``batch_size`` samples). ``cpu_buffers``: add the transient buffers of
-    CPU convolutions to the peak (a CPU device)."""
+    CPU convolutions to the peak (a CPU device). ``stack_efficiency`` / ``host_efficiency``: the
+    share of the op rates (compute and memory classes) / of the host's ops a second the user's
+    stack reaches (plan.anchor); links keep their rates."""
     from tensorpilot.plan import calibration as cal
 
     factors = {c: (factors or {}).get(c, 1.0) for c in CLASSES}
+    # time multipliers per class: calibration over the stack's share
+    scale = {"compute": factors["compute"] / stack_efficiency, "memory": factors["memory"] / stack_efficiency,
+             "host": factors["host"] / host_efficiency}
     raw = class_times(trace, costs, grad_accum)
-    compute = raw["compute"] * factors["compute"]
-    memory_s = raw["memory"] * factors["memory"]
+    compute = raw["compute"] * scale["compute"]
+    memory_s = raw["memory"] * scale["memory"]
     ops_s = compute + memory_s
     # host: what a step costs between its ops (Python module calls, autograd, the optimizer's
     # Python), per op as measured on the device; on a GPU it overlaps the kernels it queues
-    host = raw["host"] * factors["host"]
+    host = raw["host"] * scale["host"]
     if getattr(costs, "async_host", False):
         host = max(host - ops_s, 0.0)
-    backward = sum(costs.op_time_s(o) for o in trace.ops if o.phase == "backward")      # the last micro-batch's
+    backward = scale["compute"] * sum(costs.op_time_s(o) for o in trace.ops if o.phase == "backward" and
+                                      op_class_group(o.op_class) == "compute") + \
+        scale["memory"] * sum(costs.op_time_s(o) for o in trace.ops if o.phase == "backward" and
+                              op_class_group(o.op_class) == "memory")       # the last micro-batch's
     grad_bytes = float(trace.memory.get("gradients") or 0.0)
     param_bytes = float(trace.memory.get("parameters") or 0.0)
     grad_bytes = max(grad_bytes, trace.trainable_params * 4.0)
@@ -195,7 +206,7 @@ def predict_step(trace: StepTrace, costs: Any, *, model: str, batch_size: int, p
         model_flops_per_step=flops * n_devices * grad_accum, samples_per_s=batch_size * grad_accum * n_devices / step,
         tokens_per_s=batch_size * grad_accum * n_devices * tokens_per_sample / step if tokens_per_sample else None,
         mfu=mfu, peak_flops_per_s=peak_flops_per_s, peak_source=peak_source, calibration=factors,
-        modules=module_table(trace, costs, factors, module_types), ops=op_rows, notes=notes)
+        modules=module_table(trace, costs, scale, module_types), ops=op_rows, notes=notes)
 
 
 __all__ = ["ATTENTION", "CONV", "MATMUL", "CLASSES", "ModelPlan", "class_times", "comm_time_s", "module_table",

@@ -129,9 +129,9 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "performance recipes reduce in bf16).")
     a = p.add_argument_group("your stack (plan.anchor: one measured step carries to other layouts, sizes, parts)")
     a.add_argument("--measured-step-s", type=float, default=None, metavar="S",
-                   help="A step of this layout (--gpu, --tp/--pp/--dp/..., --global-batch) measured on your stack: "
-                        "the planner solves the share of its kernel rates your stack reaches and plans (or "
-                        "--search-es) with it.")
+                   help="A step of this layout (--gpu, --tp/--pp/--dp/..., --global-batch; a traced model's "
+                        "--batch-size and --gpus) measured on your stack: the planner solves the share of its "
+                        "kernel rates your stack reaches and plans (or --search-es) with it.")
     a.add_argument("--measured-tokens-per-s", type=float, default=None, metavar="N",
                    help="The same as a throughput: tokens a second over all devices of the measured layout.")
     a.add_argument("--stack-efficiency", type=float, default=None, metavar="X",
