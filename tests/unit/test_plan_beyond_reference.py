@@ -1558,3 +1558,49 @@ def test_the_search_splits_long_sequences_over_context_parallel_ranks():
     assert best.layout_detail.cp > 1
     unsplit = predict(spec, acc, Layout(dp=16, sharding="fsdp", recompute="full"), long)
     assert best.step_time_s < unsplit.step_time_s
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_chunked_or_fused_loss_holds_the_logits_as_its_kernel_does_by_hand(tp):
+    spec = get_model("llama3-8b")
+    t, v, h, e = 2 * 4096, spec.vocab, spec.hidden, 2
+
+    def logits(kernel):
+        return mem.activation_bytes_per_device(spec, seq_len=4096, micro_batch=2, n_micro=1, tp=tp,
+                                               loss_kernel=kernel)["logits"]
+    # whole: bf16 logits, their fp32 copy and its fp32 gradient, and the final norm's input
+    assert logits("whole") == pytest.approx(t * (v / tp * (e + 4 + 4) + h * e))
+    # torchtune's 8 chunks: the bf16 logits whole, fp32 one chunk at a time
+    assert logits("chunked") == pytest.approx(t * (v / tp * (e + 8 / 8) + h * e))
+    # Liger's fused linear cross-entropy: a chunk of ~t x h logits (bf16, fp32 copy and gradient),
+    # the hidden states' gradient, the norm input, and the output weight's fp32 gradient
+    assert logits("fused") == pytest.approx(t * h * (e + 8 + e + e) + v / tp * h * 4)
+    assert logits("fused") < logits("chunked") < logits("whole")
+
+
+@pytest.mark.parametrize("notes,kernel", [
+    ("HF Trainer with --use_liger_kernel, flash_attn", "fused"),
+    ("Liger-Kernel fused linear cross entropy patch", "fused"),
+    ("no liger kernel; plain cross-entropy", "whole"),
+    ("torchtune full finetune, chunked cross-entropy (CEWithChunkedOutputLoss)", "chunked"),
+    ("Megatron-LM, vocab-parallel cross entropy", "whole"),
+])
+def test_validation_reads_the_loss_kernel_from_the_notes(notes, kernel):
+    from tensorpilot.plan.validate import _layout_setup, _loss_kernel, _spec
+
+    row = {**_LLAMA_ROW, "flops_convention": notes, "metric": "peak_memory_per_gpu", "value": "60", "unit": "GB"}
+    assert _loss_kernel(row) == kernel
+    assert _layout_setup(row, _spec(row))[1].loss_kernel == kernel
+
+
+def test_plan_takes_the_loss_kernel_and_a_wrong_one_is_one_sentence():
+    acc, spec = catalog.get("h100-sxm"), get_model("llama3-8b")
+    lo = Layout(dp=8, sharding="fsdp", micro_batch=2)
+    whole = predict(spec, acc, lo, TrainSetup(seq_len=8192, global_batch=16))
+    fused = predict(spec, acc, lo, TrainSetup(seq_len=8192, global_batch=16, loss_kernel="fused"))
+    saved = whole.memory_bytes["logits_and_loss"] - fused.memory_bytes["logits_and_loss"]
+    t = 2 * 8192
+    assert saved == pytest.approx(t * (spec.vocab * 10 + spec.hidden * 2) - t * spec.hidden * 14 - spec.vocab * spec.hidden * 4)
+    assert fused.step_time_s == whole.step_time_s            # memory only
+    with pytest.raises(ConfigError, match="loss_kernel must be one of whole, chunked, fused"):
+        TrainSetup(seq_len=8192, global_batch=16, loss_kernel="liger")

@@ -119,6 +119,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="How norms, activations and rotary embeddings run: fused (torch.compile, Megatron / "
                         "Transformer Engine, XLA) or eager PyTorch, one kernel an op, which moves 2-4x the "
                         "bytes on a Llama-style block (default: fused).")
+    t.add_argument("--loss-kernel", default="whole", choices=["whole", "chunked", "fused"],
+                   help="How the loss holds the logits: whole; chunked (torchtune's chunked output loss: fp32 "
+                        "one chunk at a time); fused (Liger-Kernel's fused linear cross-entropy, Cut "
+                        "Cross-Entropy: never whole). Memory only (default: whole).")
     t.add_argument("--fp8-recipe", default="te", choices=["te", "torchao"],
                    help="With --precision fp8, whose GEMMs: te = Transformer Engine (cuBLASLt, 0.81 of the fp8 "
                         "peak on H100/H200), torchao = torchao float8 training via torch._scaled_mm (0.59) "
@@ -278,6 +282,7 @@ def _setup(args, spec, replicas: int):
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
                       else cal.DEFAULT_GRID_G_PER_KWH,
                       goodput=args.goodput, offload=args.offload, doc_len=args.doc_len,
+                      loss_kernel=args.loss_kernel,
                       stack_efficiency=args.stack_efficiency or 1.0, host_efficiency=args.host_efficiency or 1.0)
 
 

@@ -62,6 +62,14 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-amp", "fp16-amp", "bf16-pure
 LOW_PRECISION_GEMMS = ("fp8", "fp4")
 # dtypes gradients can be accumulated and reduced in, whatever the recipe's default (precision())
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
+# how the language-model loss holds its logits: whole (the output GEMM, then the loss on all the
+# logits at once); chunked (torchtune's CEWithChunkedOutputLoss: the logits whole in the
+# activation dtype, upcast to fp32 and differentiated one of LOSS_CHUNKS chunks at a time); fused
+# (Liger-Kernel's fused linear cross-entropy, arXiv 2410.10989 sec. 3.2, or Cut Cross-Entropy,
+# arXiv 2411.09009: the output GEMM and the loss run over chunks of tokens, each chunk's logits
+# V / h times smaller than the hidden states it came from, so they never exist whole)
+LOSS_KERNELS = ("whole", "chunked", "fused")
+LOSS_CHUNKS = 8           # torchtune's num_output_chunks
 
 # Optimizer state per parameter, in bytes (fp32 states unless the name says otherwise):
 #   adam/adamw  m and v: 2 x 4
@@ -288,7 +296,8 @@ def activation_bytes_per_device(spec: ModelSpec, *, seq_len: int, micro_batch: i
                                 tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
                                 recompute: str = "none", attention: str = "flash", act_bytes: float = 2,
                                 schedule: str = "1f1b", virtual_stages: int = 1,
-                                gemm_input_bytes: float = 0, recompute_share: float = 1.0) -> dict[str, float]:
+                                gemm_input_bytes: float = 0, recompute_share: float = 1.0,
+                                loss_kernel: str = "whole") -> dict[str, float]:
     """Activation bytes of the busiest pipeline stage: the stored block activations of all
     in-flight micro-batches, plus the working set of one block being recomputed / differentiated,
     plus the output logits and loss of one micro-batch (on the last stage; with pp = 1 the same
@@ -322,7 +331,16 @@ def activation_bytes_per_device(spec: ModelSpec, *, seq_len: int, micro_batch: i
     if spec.lm_head:
         # logits (e) + their fp32 copy for the loss + its gradient (fp32), split over TP (vocab
         # parallel); the final-norm input e*h. Held at the end of forward on the last stage.
-        logits = tokens * (spec.vocab / tp * (act_bytes + 4 + 4) + spec.hidden * act_bytes)
+        # Chunked: the fp32 copy and its gradient of one chunk. Fused: one chunk of about
+        # tokens x h / V rows, i.e. tokens x h logits of e + 4 + 4 bytes, and the gradient of the
+        # hidden states (e) the fused kernel computes in its forward (LOSS_KERNELS).
+        upcast = 4 + 4
+        if loss_kernel == "fused":      # + the output weight's gradient, accumulated in fp32
+            logits = tokens * spec.hidden * (act_bytes + upcast + act_bytes + act_bytes) + \
+                spec.vocab / tp * spec.hidden * 4
+        else:
+            share = 1 / LOSS_CHUNKS if loss_kernel == "chunked" else 1.0
+            logits = tokens * (spec.vocab / tp * (act_bytes + share * upcast) + spec.hidden * act_bytes)
     # the last stage holds the fewest micro-batches: one under 1F1B, Megatron's interleaved
     # warm-up of (v - 1) pp + 1 model chunks, every one under GPipe
     v = virtual_stages if schedule == "interleaved" and virtual_stages > 1 else 1

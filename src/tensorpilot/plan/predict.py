@@ -56,6 +56,7 @@ class TrainSetup:
     goodput: float | None = None          # share of wall-clock that trains; None: cal.goodput(devices)
     offload: str = "none"                 # host offload: none | optimizer (ZeRO-Offload) | params (+ weights, ZeRO-3)
     doc_len: int | None = None            # tokens a packed document has, under a document mask; None: one a sequence
+    loss_kernel: str = "whole"            # language-model loss: whole logits | chunked | fused (memory.LOSS_KERNELS)
     stack_efficiency: float = 1.0         # share of the planner's kernel rates the user's stack reaches (plan.anchor)
     host_efficiency: float = 1.0          # share of the planner's op-dispatch rate its host reaches (eager; plan.anchor)
 
@@ -71,6 +72,8 @@ class TrainSetup:
             check_number("goodput", self.goodput, 1.0, above_low=True)
         if self.kernels not in tm.KERNELS:
             raise ConfigError(f"kernels must be one of {', '.join(tm.KERNELS)}, not {self.kernels!r}.")
+        if self.loss_kernel not in mem.LOSS_KERNELS:
+            raise ConfigError(f"loss_kernel must be one of {', '.join(mem.LOSS_KERNELS)}, not {self.loss_kernel!r}.")
         if self.grad_dtype is not None and self.grad_dtype not in mem.GRAD_DTYPES:
             raise ConfigError(f"grad_dtype must be one of {', '.join(mem.GRAD_DTYPES)}, not {self.grad_dtype!r}.")
         if self.fp8_recipe not in cal.FP8_RECIPES:
@@ -324,7 +327,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         spec, seq_len=seq_local, micro_batch=lo.micro_batch, n_micro=n_micro, tp=lo.tp, pp=lo.pp,
         sequence_parallel=lo.sequence_parallel, recompute=lo.recompute, attention=s.attention,
         act_bytes=e, schedule=lo.schedule, virtual_stages=lo.virtual_stages,
-        gemm_input_bytes=prec.gemm_input_bytes, recompute_share=share)
+        gemm_input_bytes=prec.gemm_input_bytes, recompute_share=share, loss_kernel=s.loss_kernel)
     held_params, held_acts, held_logits = params_stage, acts["activations"], acts["logits"]
     if lo.pp > 1:
         # the busiest device is a stage before the last (most micro-batches in flight, the

@@ -387,7 +387,7 @@ def _layout_setup(row, spec: ModelSpec):
                        grad_dtype=_grad_dtype(row, precision),
                        optimizer=_optimizer(row), attention=_attention(row),
                        tokens=tokens if tokens and tokens > 0 else None, goodput=_goodput(row),
-                       offload=_offload(row, sharding))
+                       offload=_offload(row, sharding), loss_kernel=_loss_kernel(row))
     return layout, setup
 
 
@@ -550,6 +550,19 @@ def _kernels(row) -> str:
         return "fused"
     eager = _source_names(row, _EAGER_SOURCES) or _HF_MODEL_CODE.search(notes)
     return "eager" if eager else "fused"
+
+
+# loss kernels the notes name (memory.LOSS_KERNELS): Liger-Kernel (its models' patch replaces the
+# loss with the fused linear cross-entropy), Cut Cross-Entropy; torchtune's chunked output loss
+_FUSED_LOSS = r"liger|fused linear cross ?entropy|cut cross ?entropy"
+_CHUNKED_LOSS = r"chunked (output )?(cross ?entropy|ce|loss)|cewithchunkedoutputloss"
+
+
+def _loss_kernel(row) -> str:
+    """fused or chunked where the notes turn such a loss on (_switch: "no liger" is off), else whole."""
+    if _switch(row, _FUSED_LOSS):
+        return "fused"
+    return "chunked" if _switch(row, _CHUNKED_LOSS) else "whole"
 
 
 def _grad_dtype(row, precision: str) -> str | None:
