@@ -1604,3 +1604,16 @@ def test_plan_takes_the_loss_kernel_and_a_wrong_one_is_one_sentence():
     assert fused.step_time_s == whole.step_time_s            # memory only
     with pytest.raises(ConfigError, match="loss_kernel must be one of whole, chunked, fused"):
         TrainSetup(seq_len=8192, global_batch=16, loss_kernel="liger")
+
+
+def test_torchtitan_named_in_the_notes_is_the_software_that_ran():
+    from tensorpilot.plan.validate import _attention, _kernels, _layout_setup, _spec
+
+    row = {**_LLAMA_ROW, "recompute": "selective", "source": "a smoke-test note (no repository)",
+           "flops_convention": "torchtitan 041ec017, FSDP 4, selective activation checkpointing"}
+    # torchtitan's defaults: SDPA (flash), eager modules, op-level selective checkpointing
+    assert _attention(row) == "flash" and _kernels(row) == "eager"
+    assert _layout_setup(row, _spec(row))[0].recompute == "op"
+    other = {**row, "flops_convention": "a trainer of its own, FSDP 4, selective activation checkpointing"}
+    assert _attention(other) == "materialized" and _kernels(other) == "fused"
+    assert _layout_setup(other, _spec(other))[0].recompute == "selective"

@@ -318,7 +318,7 @@ def _layout_setup(row, spec: ModelSpec):
     rec = _text(row, "recompute").lower() or "none"
     sp = "sequence-parallel" in rec or _sequence_parallel(row) is True
     rec = rec.split("+")[0]
-    if rec.strip() == "selective" and "torchtitan" in _text(row, "source").lower():
+    if rec.strip() == "selective" and _source_names(row, ("torchtitan",)):
         # torchtitan's selective checkpointing is op-level (selective_ac_option = "op" in its
         # Llama configs), not Megatron's attention-only recomputation
         rec = "op"
@@ -506,10 +506,17 @@ def _goodput(row) -> float | None:
     return 1.0 if _STEPS_ONLY.search(_text(row, "flops_convention").lower()) else None
 
 
+# software whose name in the notes says it ran the row (no other project shares the name, and notes
+# name it only as what ran), as if the source column named it
+_RAN_WHEN_NAMED = ("torchtitan",)
+
+
 def _source_names(row, names) -> bool:
-    """Whether the row's source column names one of ``names`` (lower-case fragments)."""
+    """Whether the row's source column names one of ``names`` (lower-case fragments), or its notes
+    name one that is in _RAN_WHEN_NAMED."""
     source = _text(row, "source").lower()
-    return any(k in source for k in names)
+    notes = _text(row, "flops_convention").lower()
+    return any(k in source or (k in _RAN_WHEN_NAMED and re.search(rf"\b{k}\b", notes)) for k in names)
 
 
 def _switch(row, pattern: str) -> bool | None:
