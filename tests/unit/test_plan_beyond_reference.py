@@ -1617,3 +1617,26 @@ def test_torchtitan_named_in_the_notes_is_the_software_that_ran():
     other = {**row, "flops_convention": "a trainer of its own, FSDP 4, selective activation checkpointing"}
     assert _attention(other) == "materialized" and _kernels(other) == "fused"
     assert _layout_setup(other, _spec(other))[0].recompute == "selective"
+
+
+def test_a_run_without_an_optimizer_step_holds_no_state_and_spends_no_time_on_it():
+    acc, spec = catalog.get("h100-sxm"), get_model("llama3-8b")
+    lo = Layout(dp=8, micro_batch=1)
+    adam = predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=8, precision="bf16-pure"))
+    none = predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=8, precision="bf16-pure", optimizer="none"))
+    # pure bf16 Adam keeps two bf16 moments a parameter (memory.precision): 4 bytes, none without a step
+    assert adam.memory_bytes["optimizer"] == pytest.approx(4 * spec.n_params)
+    assert none.memory_bytes["optimizer"] == 0 and none.time_breakdown_s["optimizer"] == 0
+    assert none.memory_bytes["params"] == adam.memory_bytes["params"]
+
+
+@pytest.mark.parametrize("notes,optimizer,expected", [
+    ("forward + backward with loss = logits.sum(), no optimizer step", "", "none"),
+    ("ZeRO stage 0 (no optimizer sharding)", "", "adam"),
+    ("plain run", "none", "none"),
+    ("plain run", "sgd", "sgd"),
+])
+def test_validation_reads_a_run_without_an_optimizer(notes, optimizer, expected):
+    from tensorpilot.plan.validate import _optimizer
+
+    assert _optimizer({**_LLAMA_ROW, "flops_convention": notes, "optimizer": optimizer}) == expected

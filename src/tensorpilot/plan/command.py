@@ -99,9 +99,9 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "Megatron keeps them; fp16 16 B/param); *-amp: torch.autocast "
                         "with fp32 weights; bf16-pure / fp16-pure: everything in the half dtype; fp8 / fp4: bf16 "
                         "with the block GEMMs in fp8 or NVFP4 / MXFP4 (Blackwell, MI355X) (default: bf16).")
-    t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit"],
+    t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit", "none"],
                    help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
-                        "keep much less, see plan/memory.py)")
+                        "keep much less, see plan/memory.py; none: forward and backward only, no step)")
     t.add_argument("--doc-len", type=int, default=None, metavar="N",
                    help="Packed sequences of documents N tokens long under a document mask that the attention "
                         "kernel skips (FlexAttention block mask, FlashAttention varlen): attention costs each "

@@ -84,8 +84,10 @@ LOSS_CHUNKS = 8           # torchtune's num_output_chunks
 #               paper's and Hugging Face's default beta1 = None); vectors keep a full fp32 second
 #               moment. Per parameter it depends on the shapes (:func:`optimizer_state_bytes`);
 #               0.05 below is a 160 x 160 matrix, the figure used where no shapes are known.
+#   none        no optimizer step at all: a benchmark of forward and backward only (Hugging Face's
+#               SDPA training benchmarks), or an update fused into backward without state (LOMO)
 OPTIMIZER_STATE_BYTES = {"adam": 8.0, "adamw": 8.0, "adamw-bf16": 4.0, "sgd": 4.0,
-                         "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05}
+                         "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05, "none": 0.0}
 
 # Precision labels as papers, configs and framework docs write them (lower-cased, only letters
 # and digits kept) -> recipe. 'bf16' alone is torchtitan's FSDP2 mixed precision (bf16 compute,

@@ -510,7 +510,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # ---- optimizer: streams weights, grads, master and states once each way
     # (offloaded: the host steps it, below)
     opt_params = params_stage / (shard if lo.zero_stage >= 1 else 1)
-    opt_bytes = 0.0 if s.offload != "none" else \
+    opt_bytes = 0.0 if s.offload != "none" or s.optimizer == "none" else \
         opt_params * (prec.grad_bytes + 2 * (prec.master_bytes or prec.param_bytes)
                       + 2 * prec.optim_bytes + (prec.param_bytes if prec.master_bytes else 0))
     if lowp:                    # block weights cast and transposed once a step: read 2, write 2 copies

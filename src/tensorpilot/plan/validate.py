@@ -121,7 +121,11 @@ _DISTRIBUTED_OPTIMIZER = r"distributed optimi[sz]er"
 _OPTIMIZERS = {"": "adam", "adam": "adam", "adamw": "adamw", "sgd": "sgd", "sgd momentum": "sgd",
                "adafactor": "adafactor", "adamw8bit": "adamw8bit", "8-bit adamw": "adamw8bit", "adam8bit": "adamw8bit",
                "8-bit adam": "adamw8bit", "adamw 8bit": "adamw8bit", "bnb adamw8bit": "adamw8bit",
-               "adamw-bf16": "adamw-bf16", "adamw bf16": "adamw-bf16"}
+               "adamw-bf16": "adamw-bf16", "adamw bf16": "adamw-bf16", "none": "none", "no optimizer": "none"}
+# notes that say no optimizer step runs or holds state: a forward + backward benchmark (the
+# optimizer column then blank or a placeholder)
+_NO_OPTIMIZER = re.compile(r"\bno optimi[sz]er (step|state)|\bwithout an? optimi[sz]er\b|forward ?\+ ?backward only|"
+                           r"optimi[sz]er step (is )?not (run|taken)")
 # no count in a published run (devices, sequences, tokens per sequence, widths) comes near this;
 # the planner's own limits (limits.py) then check each column more tightly
 _MAX_INT = 10**9
@@ -287,6 +291,8 @@ def _sharding(row) -> tuple[str, bool]:
 
 def _optimizer(row) -> str:
     label = " ".join(_text(row, "optimizer").lower().replace("_", " ").split())
+    if _NO_OPTIMIZER.search(_text(row, "flops_convention").lower()):
+        return "none"
     if label not in _OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {label!r}; known: {', '.join(sorted(set(_OPTIMIZERS.values())))}")
     return _OPTIMIZERS[label]
