@@ -1640,3 +1640,47 @@ def test_validation_reads_a_run_without_an_optimizer(notes, optimizer, expected)
     from tensorpilot.plan.validate import _optimizer
 
     assert _optimizer({**_LLAMA_ROW, "flops_convention": notes, "optimizer": optimizer}) == expected
+
+
+def test_a_four_gpu_node_sends_an_eight_wide_group_over_the_network():
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    board = catalog.get("h100-sxm")
+    four = catalog.variant(board, gpus_per_node=4)
+    assert four.link_domain_gpus == 4 and board.link_domain_gpus is None and four.base == "h100-sxm"
+    r8, r4 = device_rates(board, "bf16"), device_rates(four, "bf16")
+    # eight ranks: one NVLink board of 8; on 4-GPU nodes two nodes, 4 NICs each way (group_link)
+    assert tm.group_link(r8, 8, 1)[0] == r8.link_bytes_per_s
+    assert tm.group_link(r4, 8, 1)[0] == pytest.approx(min(r4.link_bytes_per_s, 4 * r4.internode_bytes_per_s))
+    assert tm.group_link(r4, 4, 1)[0] == r4.link_bytes_per_s
+    spec = get_model("llama3-8b")
+    lo, s = Layout(tp=8, micro_batch=1), TrainSetup(seq_len=4096, global_batch=1)
+    assert predict(spec, four, lo, s).time_breakdown_s["tp_comm"] > predict(spec, board, lo, s).time_breakdown_s["tp_comm"]
+    with pytest.raises(ConfigError, match="--gpus-per-node must be a whole number"):
+        catalog.variant(board, gpus_per_node=0)
+
+
+@pytest.mark.parametrize("notes,gpu,domain", [
+    ("H200 141GB, 4 GPUs per node, NVLink intra-node", "H100-80GB", 4),
+    ("Perlmutter: nodes of 4 GPUs, Slingshot", "A100-40GB", 4),
+    ("DGX-2: 16-GPU nodes on NVSwitch", "V100-32GB", 16),
+    ("8 GPUs per node", "H100-80GB", None),              # the board default: the catalog part as is
+    ("GB200 NVL72, 4 GPUs per node (tray)", "GB200", 72),  # a rack-wide NVLink domain stays the catalog's
+])
+def test_validation_reads_the_node_size_from_the_notes(notes, gpu, domain):
+    from tensorpilot.plan import validate as v
+
+    captured = {}
+    original = v._completed_plan
+
+    def spy(row, spec, acc, layout, setup):
+        captured["domain"] = acc.link_domain_gpus
+        return original(row, spec, acc, layout, setup)
+    row = {**_LLAMA_ROW, "gpu": gpu, "flops_convention": notes, "precision": "fp16 mixed"}   # V100: no bf16
+    try:
+        v._completed_plan = spy
+        assert v.predict_row(row).predicted is not None
+    finally:
+        v._completed_plan = original
+    assert captured["domain"] == domain

@@ -296,13 +296,19 @@ def _build_index(entries: Mapping[str, Accelerator]) -> Mapping[str, str]:
 
 
 def variant(acc: Accelerator, *, memory_gb: float | None = None, tdp_w: float | None = None,
-            peak_scale: float | None = None, mem_bw_gb_per_s: float | None = None) -> Accelerator:
-    """``acc`` with some figures changed: capacity, board power, memory bandwidth, and every
-    compute peak scaled by ``peak_scale`` (a power cap or lower clocks; 0 < scale <= 4). The
-    measured fractions of ``acc`` keep applying (``base``)."""
+            peak_scale: float | None = None, mem_bw_gb_per_s: float | None = None,
+            gpus_per_node: int | None = None) -> Accelerator:
+    """``acc`` with some figures changed: capacity, board power, memory bandwidth, every compute
+    peak scaled by ``peak_scale`` (a power cap or lower clocks; 0 < scale <= 4), and the devices its
+    scale-up link joins, ``gpus_per_node`` (a four-GPU board: 4). The measured fractions of ``acc``
+    keep applying (``base``)."""
     import dataclasses
 
     changes: dict[str, Any] = {}
+    if gpus_per_node is not None:
+        if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or not 1 <= gpus_per_node <= 1024:
+            raise ConfigError(f"--gpus-per-node must be a whole number from 1 to 1024, not {gpus_per_node!r}.")
+        changes["link_domain_gpus"] = gpus_per_node
     for arg, value in (("memory_gb", memory_gb), ("tdp_w", tdp_w), ("mem_bw_gb_per_s", mem_bw_gb_per_s)):
         if value is not None:
             if not (isinstance(value, (int, float)) and 0 < value < 1e7):
@@ -317,7 +323,8 @@ def variant(acc: Accelerator, *, memory_gb: float | None = None, tdp_w: float | 
     if not changes:
         return acc
     what = ", ".join(f"{k}={v:g}" for k, v in (("memory_gb", memory_gb), ("tdp_w", tdp_w),
-                                                ("peak_scale", peak_scale), ("mem_bw_gb_per_s", mem_bw_gb_per_s))
+                                                ("peak_scale", peak_scale), ("mem_bw_gb_per_s", mem_bw_gb_per_s),
+                                                ("gpus_per_node", gpus_per_node))
                      if v is not None)
     return dataclasses.replace(acc, key=f"{acc.key}-variant", name=f"{acc.name} ({what})", aliases=(),
                                base=acc.base or acc.key, **changes)

@@ -48,6 +48,9 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="Scale every compute peak (e.g. 0.9 for a power-capped or lower-clocked part).")
     h.add_argument("--mem-bw-gb-per-s", type=float, default=None, metavar="GB/S",
                    help="Override the device memory bandwidth.")
+    h.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
+                   help="Devices the intra-node link joins (default: the catalog's, 8 on a board; 4 on a "
+                        "four-GPU board or a GH200 node); larger groups talk over the network.")
     h.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="Number of devices (default: tp x pp x dp, or 8).")
     h.add_argument("--tp", type=int, default=1, metavar="N", help="Tensor-parallel ranks (default: 1).")
@@ -288,14 +291,15 @@ def _setup(args, spec, replicas: int):
 
 def accelerator(args, default: str = DEFAULT_GPU):
     """The device ``--gpu`` names, after ``--hardware-file`` added the user's parts and with the
-    figures ``--memory-gb/--tdp-w/--peak-scale/--mem-bw-gb-per-s`` override."""
+    figures ``--memory-gb/--tdp-w/--peak-scale/--mem-bw-gb-per-s/--gpus-per-node`` override."""
     from tensorpilot.hardware import catalog
 
     load_hardware(args)
     acc = catalog.get(default if getattr(args, "gpu", None) in (None, "local") else args.gpu)
     return catalog.variant(acc, memory_gb=getattr(args, "memory_gb", None), tdp_w=getattr(args, "tdp_w", None),
                            peak_scale=getattr(args, "peak_scale", None),
-                           mem_bw_gb_per_s=getattr(args, "mem_bw_gb_per_s", None))
+                           mem_bw_gb_per_s=getattr(args, "mem_bw_gb_per_s", None),
+                           gpus_per_node=getattr(args, "gpus_per_node", None))
 
 
 def load_hardware(args) -> None:

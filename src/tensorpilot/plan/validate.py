@@ -445,6 +445,19 @@ def _attention(row) -> str:
     return "flash" if flash else "materialized"
 
 
+# the devices a node holds, as notes write it: "4 GPUs per node", "8 x H100 per node", "4-GPU nodes",
+# "nodes of 4 GPUs"
+_NODE_GPUS = re.compile(r"\b(\d{1,2}) ?x? ?(?:[a-z][\w-]* )?(?:gpus?|gcds?|accelerators?|devices?) (?:per|a|each) node\b|"
+                        r"\b(\d{1,2})[- ](?:gpu|gcd)s? nodes?\b|\bnodes? (?:of|with) (\d{1,2}) (?:gpus?|gcds?)\b")
+
+
+def _node_gpus(row) -> int | None:
+    """The node size the notes state: on a part whose link joins a board (no link domain in the
+    catalog), that many devices share it (catalog.variant's gpus_per_node)."""
+    m = _NODE_GPUS.search(_text(row, "flops_convention").lower())
+    return int(next(g for g in m.groups() if g)) if m else None
+
+
 # a total whose notes say it adds up training steps only ("sum of per-step durations", "iteration
 # time x iterations x GPUs", "excludes eval/startup"): no restarts or stalls in it
 _STEPS_ONLY = re.compile(r"sum of (the )?(per[- ])?step|excl\w* (eval|start|restart|failure|checkpoint)|"
@@ -825,6 +838,9 @@ def _predict(row, result: RowResult, stack: dict[str, float]) -> float | None:
     # a speed or a memory depends on the device: a row that names none is not guessed at
     gpu = _required(_text(row, "gpu") or None, "the row names no accelerator (column 'gpu')")
     acc = catalog.get(GPU_NAMES.get(gpu.lower(), gpu))
+    node = _node_gpus(row)
+    if node and acc.link_domain_gpus is None and node != cal.GPUS_PER_NODE:
+        acc = catalog.variant(acc, gpus_per_node=node)
     if _layout_stated(row):
         plan = _completed_plan(row, spec, acc, layout, setup)
     else:
