@@ -246,3 +246,18 @@ def test_nearest_anchors_each_row_on_its_most_similar_run(tmp_path):
                                                      rel=3e-3)
     with pytest.raises(ConfigError, match="anchor must be one of first, nearest"):
         anchored(rows, results, "closest")
+
+
+def test_a_stack_column_keeps_a_documents_two_stacks_apart(tmp_path):
+    path, rows = _rows(tmp_path, [20000, 25000, 30000, 12000])
+    # the document compares two stacks: A-0..A-2 run one, A-3 another
+    for r in rows:
+        r["stack"] = "slow stack" if r["id"] == "A-3" else "fast stack"
+    results = validate_rows(rows)
+    carried = dict((r.id, r) for _, r in anchored(rows, results))
+    assert carried["A-1"].note.startswith("anchored on A-0:") and carried["A-2"].note.startswith("anchored on A-0:")
+    assert "A-3" not in carried            # its stack's only run: nothing measured it
+    # without the column the document is one stack: A-3 is carried at A-0's factor
+    for r in rows:
+        del r["stack"]
+    assert dict((r.id, r) for _, r in anchored(rows, validate_rows(rows)))["A-3"].note.startswith("anchored on A-0:")

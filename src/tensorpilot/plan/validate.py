@@ -914,7 +914,9 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult],
     """A source's speed rows predicted at the factor one other run of the source measures
     (plan.anchor: the kernels' or, for a host-bound step, the host's): what the planner says once
     the user has measured one run of their stack. A source is the row's ``source`` text -- one
-    document, one stack. ``anchor``: "first", the source's first speed row anchors all its other
+    document, taken as one stack -- and, where the file has a ``stack`` column (a document that
+    compares two stacks: YaFSDP against FSDP, ZeRO-3 against Megatron), the stack it names: rows
+    anchor only on their own stack's runs. ``anchor``: "first", the source's first speed row anchors all its other
     runs; "nearest", each row is anchored on the source's run that differs from it in the fewest
     columns (a user measuring a run like the one planned; ties: the earlier). Rows of the anchor's
     own run (the same configuration published as another metric, or again) are never anchored on
@@ -924,10 +926,10 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult],
 
     if anchor not in ANCHORS:
         raise ConfigError(f"anchor must be one of {', '.join(ANCHORS)}, not {anchor!r}")
-    groups: dict[str, list[tuple[int, dict[str, str], RowResult]]] = {}
+    groups: dict[tuple[str, str], list[tuple[int, dict[str, str], RowResult]]] = {}
     for n, (row, r) in enumerate(zip(rows, results), 1):
         if r.predicted is not None and r.kind != "memory" and _text(row, "source"):
-            groups.setdefault(_text(row, "source"), []).append((n, row, r))
+            groups.setdefault((_text(row, "source"), _text(row, "stack")), []).append((n, row, r))
     solved: dict[int, object] = {}
 
     def factor(n0: int, row0, r0):
