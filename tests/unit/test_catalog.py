@@ -140,6 +140,9 @@ def test_peaks_are_dense_not_sparse():
     ("tpu-v6e", "mem_bw_gb_per_s", 1638, "Google TPU v6e doc: HBM bandwidth per chip 1638 GBps"),
     ("tpu7x", "fp8_tflops", 4614, "Google TPU7x doc: peak compute per chip (FP8) 4614 TFLOPs"),
     ("trainium2", "fp8_tflops", 1299, "AWS Neuron Trainium2 doc: 1,299 FP8 TFLOPS"),
+    ("trainium1", "bf16_tflops", 190, "AWS Neuron Trainium doc: 190 FP16/BF16/cFP8/TF32 TFLOPS per chip"),
+    ("trainium1", "mem_bw_gb_per_s", 880.47, "AWS Neuron Trainium doc: 820 GiB/sec = 880.47 GB/s"),
+    ("trainium1-neuroncore", "bf16_tflops", 190 / 2, "AWS Neuron Trainium doc: 2 NeuronCore-v2 per chip"),
 ])
 def test_added_entries_match_their_datasheets(key, field, expected, document):
     assert getattr(get(key), field) == pytest.approx(expected, abs=1e-9), document
