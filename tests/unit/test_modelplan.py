@@ -344,3 +344,26 @@ def test_op_timings_taken_while_other_processes_load_the_cpus_are_used_but_not_c
     assert replayed and replayed <= set(dc.measured_s)              # this plan uses them
     assert "not cached" in dc.name, dc.name
     assert not replayed & set(costs._load("cpu")["ops"])            # the cache does not keep them
+
+
+def test_a_catalog_plan_beyond_one_node_reduces_gradients_over_the_network():
+    from tensorpilot.hardware import catalog
+    from tensorpilot.modelplan.predict import comm_time_s
+    from tensorpilot.plan.predict import device_rates
+    from tensorpilot.plan.timing import group_link
+
+    acc = catalog.get("a100-sxm4-80gb")          # one 200 Gb/s NIC a GPU: the network is the slower link
+    rates = device_rates(acc, "bf16")
+    comm = {}
+    for n in (8, 16):
+        src = sources.load("gpt")
+        trace = planner.trace_source(src, batch_size=4, precision="bf16", optimizer="adamw")
+        plan = planner.plan_catalog(trace, src, acc, batch_size=4, precision="bf16", optimizer="adamw", n_devices=n)
+        grads = max(float(trace.memory["gradients"]), trace.trainable_params * 4.0)
+        bw, alpha = group_link(rates, n, 1)
+        total, _ = comm_time_s(grads, float(trace.memory["parameters"]), n, "none", bw, alpha, 0.0)
+        comm[n] = total
+        assert f"data-parallel communication {total * 1e3:,.1f} ms" in " ".join(plan.notes)
+    # eight devices share NVLink; sixteen span two nodes and reduce over the slower network
+    assert group_link(rates, 8, 1)[0] == rates.link_bytes_per_s > group_link(rates, 16, 1)[0]
+    assert comm[16] > comm[8]

@@ -144,17 +144,21 @@ def plan_catalog(trace: StepTrace, source: ModelSource, acc: Any, *, batch_size:
     from tensorpilot.modelplan.predict import predict_step
     from tensorpilot.plan.predict import device_rates
 
+    from tensorpilot.plan.timing import group_link
+
     key = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16"}[precision]
     peak = acc.peak_flops_per_s(key)
     if not peak:
         raise ConfigError(f"{acc.key} has no published {key} peak; choose another --precision.")
     rates = device_rates(acc, key)
+    # the data-parallel group's link: the intra-node one inside a node, the network beyond it
+    link, alpha = group_link(rates, n_devices, 1)
     dc = catalog_costs(acc)
     if precision == "tf32":
         dc.compute_flops_per_s["fp32"] = dc.compute_flops_per_s.get("tf32", dc.compute_flops_per_s.get("fp32", 0))
     plan = predict_step(trace, dc, model=source.name, batch_size=batch_size, precision=precision,
                         optimizer=optimizer, n_devices=n_devices, sharding=sharding,
-                        link_bytes_per_s=rates.link_bytes_per_s, alpha_s=5e-6,
+                        link_bytes_per_s=link, alpha_s=alpha,
                         device_memory_bytes=(acc.mem_gb or 0) * 1e9 or None, peak_flops_per_s=peak,
                         peak_source=f"{acc.key} datasheet {key} peak", tokens_per_sample=source.tokens_per_sample,
                         top=top, module_types=trace_types(source.model), stack_efficiency=stack_efficiency,
