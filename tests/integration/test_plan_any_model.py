@@ -171,7 +171,9 @@ def test_train_writes_predicted_vs_measured_and_refits_the_calibration(models):
     # the run refitted this machine's calibration, which `plan calibration` shows and plans use
     shown = json.loads(_plan(models, "calibration", "--json").stdout)
     assert shown["observations"][-1]["model"] == "usermodels:small"
-    assert set(shown["factors"]) == {"compute", "memory", "host"}
+    # each class the run measured was refitted; host (wall time less the profiled ops) can come
+    # out as 0 s on a loaded machine, whose profiler inflates the ops, and is then left alone
+    assert {"compute", "memory"} <= set(shown["factors"]) == set(shown["observations"][-1]["ratios"])
     calibrated = json.loads(_plan(models, "--model", "usermodels:small", "--input-shape", "12", "--batch-size", "32",
                                   "--precision", "fp32", "--json").stdout)
     assert calibrated["calibration"] == pytest.approx(shown["factors"])
