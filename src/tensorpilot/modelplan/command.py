@@ -103,7 +103,7 @@ def _cmd_traced(args) -> int:
     if args.search or args.deadline or args.inference:
         raise UsageError("--search, --deadline and --inference plan presets; a traced model is planned for one "
                          "layout: pass --gpus N and --sharding.")
-    _check_stack(args)
+    plan_command.check_stack(args)
     split = [f"--{k} {getattr(args, k)}" for k in ("tp", "pp", "cp") if getattr(args, k, 1) > 1]
     if split or args.sharding == "hsdp":
         raise UsageError(f"{' '.join(split) or '--sharding hsdp'}: a traced model is planned on data-parallel "
@@ -152,20 +152,6 @@ def _cmd_traced(args) -> int:
     else:
         _print(plan, args.top_k)
     return 0
-
-
-def _check_stack(args) -> None:
-    """The stack flags (plan.command's group) in range and not saying one thing twice."""
-    from tensorpilot.plan.limits import MAX_STACK_EFFICIENCY, check_number
-
-    given = [f for f in ("measured_step_s", "measured_tokens_per_s", "stack_efficiency", "host_efficiency")
-             if getattr(args, f, None) is not None]
-    for name in given:
-        check_number("--" + name.replace("_", "-"), getattr(args, name),
-                     1e30 if name.startswith("measured") else MAX_STACK_EFFICIENCY, above_low=True)
-    if len(given) > 1 and given[:2] != ["stack_efficiency", "host_efficiency"]:
-        flags = " and ".join("--" + f.replace("_", "-") for f in given)
-        raise UsageError(f"{flags} say the same thing; pass one of them.")
 
 
 def _anchor_sentence(found, step_s: float) -> str:

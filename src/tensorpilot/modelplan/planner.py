@@ -128,7 +128,8 @@ def plan_local(trace: StepTrace, source: ModelSource | None, *, batch_size: int,
                         link_bytes_per_s=link, device_memory_bytes=caps.memory_bytes or None,
                         peak_flops_per_s=basis, peak_source=source_name, grad_accum=grad_accum,
                         cpu_buffers=caps.kind == "cpu", stack_efficiency=stack_efficiency,
-                        host_efficiency=host_efficiency, tokens_per_sample=tokens_per_sample or (source.tokens_per_sample if source else None), top=top,
+                        host_efficiency=host_efficiency,
+                        tokens_per_sample=tokens_per_sample or (source.tokens_per_sample if source else None), top=top,
                         module_types=module_types or (trace_types(source.model) if source else None))
     # a catalogued GPU has a TDP for the power model; a CPU's is not in the catalog
     return plan.with_power(local_accelerator(caps), compute_key) if caps.kind != "cpu" else plan
@@ -143,7 +144,6 @@ def plan_catalog(trace: StepTrace, source: ModelSource, acc: Any, *, batch_size:
     from tensorpilot.modelplan.costs import catalog_costs
     from tensorpilot.modelplan.predict import predict_step
     from tensorpilot.plan.predict import device_rates
-
     from tensorpilot.plan.timing import group_link
 
     key = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16"}[precision]

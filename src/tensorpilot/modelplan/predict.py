@@ -3,8 +3,8 @@
 step time = sum over ops of the op's cost (``costs``), each op class scaled by its calibration
 factor (1 until this machine has measured runs: ``calibration``) and by the user's stack (the
 share of the op rates it reaches, solved from one measured step: ``planner.anchor``), plus the
-exposed part of the layout's data-parallel communication. Memory = MemTracker's peak of the traced step, with model
-states divided over the data-parallel group as the sharding says.
+exposed part of the layout's data-parallel communication. Memory = MemTracker's peak of the
+traced step, with model states divided over the data-parallel group as the sharding says.
 """
 
 from __future__ import annotations
@@ -171,10 +171,11 @@ def predict_step(trace: StepTrace, costs: Any, *, model: str, batch_size: int, p
     host = raw["host"] * scale["host"]
     if getattr(costs, "async_host", False):
         host = max(host - ops_s, 0.0)
-    backward = scale["compute"] * sum(costs.op_time_s(o) for o in trace.ops if o.phase == "backward" and
-                                      op_class_group(o.op_class) == "compute") + \
-        scale["memory"] * sum(costs.op_time_s(o) for o in trace.ops if o.phase == "backward" and
-                              op_class_group(o.op_class) == "memory")       # the last micro-batch's
+    back = {"compute": 0.0, "memory": 0.0}        # the last micro-batch's backward, per class
+    for o in trace.ops:
+        if o.phase == "backward":
+            back[op_class_group(o.op_class)] += costs.op_time_s(o)
+    backward = scale["compute"] * back["compute"] + scale["memory"] * back["memory"]
     grad_bytes = float(trace.memory.get("gradients") or 0.0)
     param_bytes = float(trace.memory.get("parameters") or 0.0)
     grad_bytes = max(grad_bytes, trace.trainable_params * 4.0)

@@ -202,10 +202,24 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def check_stack(args) -> list[str]:
+    """The stack flags (measured step or throughput, stack and host efficiency) in range and not
+    saying one thing twice; the ones given, in the group's order (a traced plan checks them too)."""
+    from tensorpilot.plan.limits import MAX_STACK_EFFICIENCY, check_number
+
+    given = [f for f in ("measured_step_s", "measured_tokens_per_s", "stack_efficiency", "host_efficiency")
+             if getattr(args, f, None) is not None]
+    for name in given:
+        check_number(_flag(name), getattr(args, name), 1e30 if name.startswith("measured") else MAX_STACK_EFFICIENCY,
+                     above_low=True)
+    if len(given) > 1 and given[:2] != ["stack_efficiency", "host_efficiency"]:
+        raise UsageError(f"{' and '.join(map(_flag, given))} say the same thing; pass one of them.")
+    return given
+
+
 def _check_options(args) -> None:
     """Every number in range and every combination meaningful, before any model is read."""
-    from tensorpilot.plan.limits import (MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_STACK_EFFICIENCY, MAX_TOKENS,
-                                         check_count, check_number)
+    from tensorpilot.plan.limits import MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_TOKENS, check_count, check_number
 
     for name, high in _int_limits().items():
         if getattr(args, name) is not None:
@@ -218,16 +232,7 @@ def _check_options(args) -> None:
         check_number("--grid-intensity", args.grid_intensity, MAX_GRID_G_PER_KWH)
     if args.goodput is not None:
         check_number("--goodput", args.goodput, 1.0, above_low=True)
-    for name in ("measured_step_s", "measured_tokens_per_s"):
-        if getattr(args, name) is not None:
-            check_number(_flag(name), getattr(args, name), 1e30, above_low=True)
-    for name in ("stack_efficiency", "host_efficiency"):
-        if getattr(args, name) is not None:
-            check_number(_flag(name), getattr(args, name), MAX_STACK_EFFICIENCY, above_low=True)
-    given = [f for f in ("measured_step_s", "measured_tokens_per_s", "stack_efficiency", "host_efficiency")
-             if getattr(args, f) is not None]
-    if len(given) > 1 and given[:2] != ["stack_efficiency", "host_efficiency"]:
-        raise UsageError(f"{' and '.join(map(_flag, given))} say the same thing; pass one of them.")
+    given = check_stack(args)
     if given and args.inference:
         raise UsageError(f"{_flag(given[0])} is measured on training steps and --inference does not take it: "
                          "drop it.")
