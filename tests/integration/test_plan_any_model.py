@@ -118,6 +118,7 @@ def test_plan_a_user_factory_end_to_end(models):
      ["--stack-efficiency", "above 0"]),
     (["--model", "usermodels:small", "--input-shape", "12", "--measured-step-s", "0.5", "--stack-efficiency", "0.5"],
      ["--measured-step-s and --stack-efficiency", "pass one"]),
+    (["--model", "usermodels:small", "--input-shape", "12", "--search"], ["--search", "--gpus N"]),
 ])
 def test_bad_input_is_one_sentence(models, args, words):
     proc = _plan(models, *args, check=False)
@@ -149,6 +150,33 @@ def test_one_measured_step_anchors_a_user_model_and_its_share_plans_another_batc
     kernels = other["time_breakdown_s"]["compute"] + other["time_breakdown_s"]["memory"]
     assert carried["time_breakdown_s"]["compute"] + carried["time_breakdown_s"]["memory"] == \
         pytest.approx(3 * kernels, rel=2e-3)
+
+
+def test_search_ranks_a_user_models_shardings_fastest_fitting_first(models):
+    base = ["--model", "usermodels:wide", "--input-shape", "1024", "--gpu", "h100-sxm", "--precision", "bf16",
+            "--loss", "sum", "--batch-size", "64", "--gpus", "8", "--json"]
+    one = {s: json.loads(_plan(models, *base, "--sharding", s).stdout) for s in ("none", "fsdp")}
+    # a device too small for unsharded AdamW states, large enough for a shard of them
+    n = 1024 * 4096 * 2 + 4096 + 1024
+    small = ["--memory-gb", repr(round((one["fsdp"]["memory_bytes"]["total"] + n * 8) / 1e9 / 0.9, 4))]
+    d = json.loads(_plan(models, *base, "--search", *small).stdout)
+    rows = {r["sharding"]: r for r in d["search"]}
+    assert set(rows) == {"none", "zero1", "zero2", "fsdp"}
+    assert rows["none"]["fits"] is False and rows["fsdp"]["fits"] is True
+    # fsdp shards parameters, gradients and AdamW state eight ways (modelplan.predict.sharded_memory)
+    states = sum(one["none"]["memory_bytes"][k] for k in ("parameters", "gradients", "optimizer"))
+    assert rows["none"]["memory_bytes"] - rows["fsdp"]["memory_bytes"] == pytest.approx(states * 7 / 8, rel=1e-6)
+    fitting = [r for r in d["search"] if r["fits"]]
+    assert d["best"] == fitting[0]["sharding"] == max(fitting, key=lambda r: r["samples_per_s"])["sharding"]
+    assert d["search"][-1]["sharding"] == "none"                 # what does not fit ranks last
+    # one measured step of the flags' own sharding: every candidate runs at the share it solved
+    step = one["none"]["step_time_s"] * 2
+    anchored = json.loads(_plan(models, *base, "--search", "--measured-step-s", repr(step)).stdout)
+    carried = {r["sharding"]: r for r in anchored["search"]}
+    assert anchored["anchor"]["reached"] and carried["none"]["step_time_s"] == pytest.approx(step, rel=1e-2)
+    assert carried["fsdp"]["step_time_s"] > one["fsdp"]["step_time_s"] * 1.2      # the slower stack, sharded
+    text = _plan(models, *base[:-1], "--search", *small).stdout
+    assert "fastest that fits first" in text and "fsdp" in text
 
 
 def test_train_writes_predicted_vs_measured_and_refits_the_calibration(models):

@@ -100,9 +100,12 @@ def _cmd_traced(args) -> int:
     from tensorpilot.plan import command as plan_command
     from tensorpilot.plan.command import _json
 
-    if args.search or args.deadline or args.inference:
-        raise UsageError("--search, --deadline and --inference plan presets; a traced model is planned for one "
-                         "layout: pass --gpus N and --sharding.")
+    if args.deadline or args.inference:
+        raise UsageError("--deadline and --inference plan presets; a traced model is planned for a training "
+                         "layout: pass --gpus N and --sharding, or --search to rank its shardings.")
+    if args.search and (args.gpus or 1) < 2:
+        raise UsageError("--search ranks the data-parallel shardings of a traced model over several devices: "
+                         "pass --gpus N (N >= 2).")
     plan_command.check_stack(args)
     split = [f"--{k} {getattr(args, k)}" for k in ("tp", "pp", "cp") if getattr(args, k, 1) > 1]
     if split or args.sharding == "hsdp":
@@ -127,18 +130,19 @@ def _cmd_traced(args) -> int:
                          "not: pass the measured step's seconds as --measured-step-s.")
     trace = planner.trace_source(src, batch_size=batch, precision=precision, optimizer=optimizer, loss=loss,
                                  input_shape=shape, input_dtype=dtype)
-    stack = {"stack_efficiency": args.stack_efficiency or 1.0, "host_efficiency": args.host_efficiency or 1.0}
+    stack = {"stack_efficiency": args.stack_efficiency or 1.0, "host_efficiency": args.host_efficiency or 1.0,
+             "sharding": args.sharding}
     if args.gpu in (None, "local"):
         def make(**given):
             return planner.plan_local(trace, src, batch_size=batch, precision=precision, optimizer=optimizer,
                                       device=args.device, calibrate=not args.no_calibration, n_devices=gpus,
-                                      sharding=args.sharding, top=args.top_k, **{**stack, **given})
+                                      top=args.top_k, **{**stack, **given})
     else:
         acc = plan_command.accelerator(args)
 
         def make(**given):
             return planner.plan_catalog(trace, src, acc, batch_size=batch, precision=precision, optimizer=optimizer,
-                                        n_devices=gpus, sharding=args.sharding, top=args.top_k, **{**stack, **given})
+                                        n_devices=gpus, top=args.top_k, **{**stack, **given})
     step_s = args.measured_step_s
     if args.measured_tokens_per_s is not None:
         step_s = batch * gpus * src.tokens_per_sample / args.measured_tokens_per_s
@@ -147,10 +151,53 @@ def _cmd_traced(args) -> int:
     else:
         plan, found = planner.anchor(make, step_s)
         plan.notes.insert(0, _anchor_sentence(found, step_s))
+        stack[found.part] = found.efficiency
+    if args.search:
+        return _search(args, make, plan)
     if args.json:
         print(_json(plan.to_dict()))
     else:
         _print(plan, args.top_k)
+    return 0
+
+
+SEARCH_SHARDINGS = ("none", "zero1", "zero2", "fsdp")
+
+
+def _search(args, make, measured) -> int:
+    """Each data-parallel sharding of the traced step, ranked: the fastest that fits first, then
+    the rest by speed. ``measured``: the plan of the flags' own sharding (anchored when a step was
+    measured: every candidate runs at the share it solved)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from tensorpilot.plan.command import _json
+
+    plans = [measured if s == args.sharding else make(sharding=s) for s in SEARCH_SHARDINGS]
+    ranked = sorted(plans, key=lambda p: (p.fits is False, -p.samples_per_s))
+    best = ranked[0]
+    rows = [{"sharding": p.sharding, "step_time_s": p.step_time_s, "samples_per_s": p.samples_per_s,
+             "tokens_per_s": p.tokens_per_s, "memory_bytes": p.memory_bytes["total"], "fits": p.fits,
+             "communication_s": p.time_breakdown_s["communication"]} for p in ranked]
+    if args.json:
+        print(_json({"model": best.model, "hardware": best.hardware, "n_devices": best.n_devices,
+                     "batch_size": best.batch_size, "best": best.sharding if best.fits is not False else None,
+                     "search": rows, "anchor": measured.anchor}))
+        return 0
+    con = Console(highlight=False)
+    con.print(escape(f"{best.model} on {best.n_devices} x {best.hardware}, batch {best.batch_size} per device, "
+                     f"{best.precision}, {best.optimizer}: data-parallel shardings, fastest that fits first"))
+    t = Table("sharding", "step ms", "samples/s", "memory / device", "exposed comm ms", "fits")
+    for r in rows:
+        fits = "?" if r["fits"] is None else ("[green]yes[/]" if r["fits"] else "[red]no[/]")
+        t.add_row(r["sharding"], f"{r['step_time_s'] * 1e3:,.2f}", f"{r['samples_per_s']:,.1f}",
+                  f"{r['memory_bytes'] / 2**30:,.2f} GiB", f"{r['communication_s'] * 1e3:,.2f}", fits)
+    con.print(t)
+    if best.fits is False:
+        con.print("[red]no sharding fits[/]: lower --batch-size, or plan more devices with --gpus.")
+    if measured.anchor:
+        con.print(f"note: {escape(measured.notes[0])}")
     return 0
 
 
