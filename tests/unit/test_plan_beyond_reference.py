@@ -1684,3 +1684,23 @@ def test_validation_reads_the_node_size_from_the_notes(notes, gpu, domain):
     finally:
         v._completed_plan = original
     assert captured["domain"] == domain
+
+
+@pytest.mark.parametrize("notes,allocated", [
+    ("peak = torch.cuda.max_memory_allocated() after the step", True),
+    ("peak = torch.cuda.max_memory_reserved()", False),
+    ("logs both max_memory_allocated and max_memory_reserved; which one the figure is: not stated", False),
+    ("peak memory as printed", False),
+])
+def test_an_allocated_peak_holds_no_cached_blocks(notes, allocated):
+    from tensorpilot.hardware.catalog import get
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.validate import _layout_setup, _spec, predict_row
+
+    row = {**_LLAMA_ROW, "metric": "peak_memory_per_gpu", "value": "60", "unit": "GB", "flops_convention": notes}
+    layout, setup = _layout_setup(row, _spec(row))
+    plan = predict(_spec(row), get("h100-sxm"), layout, setup)
+    held = plan.memory_bytes["total"] - plan.memory_bytes["cuda_context"] - plan.memory_bytes["allocator_overhead"]
+    # reserved = allocated + the caching allocator's share (calibration.ALLOCATOR_OVERHEAD_FRACTION)
+    expected = held * (1 if allocated else 1 + cal.ALLOCATOR_OVERHEAD_FRACTION) / 1e9
+    assert predict_row(row).predicted == pytest.approx(expected, rel=1e-9)

@@ -458,6 +458,18 @@ def _node_gpus(row) -> int | None:
     return int(next(g for g in m.groups() if g)) if m else None
 
 
+# notes saying a peak is the allocator's allocated bytes (torch.cuda.max_memory_allocated)
+_ALLOCATED = re.compile(r"max_memory_allocated|memory_allocated\(|\bpeak (memory )?allocated\b|\ballocated (peak|memory)\b")
+
+
+def _allocated_peak(row) -> bool:
+    """Whether a peak-memory row is the allocator's allocated bytes: its notes name them and not
+    its reserved ones (a note naming both leaves which one the figure is open: reserved, as
+    unstated peaks are read)."""
+    notes = _text(row, "flops_convention").lower()
+    return bool(_ALLOCATED.search(notes)) and "reserved" not in notes
+
+
 # a total whose notes say it adds up training steps only ("sum of per-step durations", "iteration
 # time x iterations x GPUs", "excludes eval/startup"): no restarts or stalls in it
 _STEPS_ONLY = re.compile(r"sum of (the )?(per[- ])?step|excl\w* (eval|start|restart|failure|checkpoint)|"
@@ -863,8 +875,10 @@ def _predict(row, result: RowResult, stack: dict[str, float]) -> float | None:
             "model_state_memory_per_gpu": lambda: sum(plan.memory_bytes[k] for k in states),
             "activation_memory_per_gpu": lambda: plan.memory_bytes["activations"],
             "nvidia_smi_memory": lambda: plan.memory_bytes["total"],
-            # what the framework's allocator reports (torch.cuda.max_memory_reserved): no CUDA context
-            "peak_memory_per_gpu": lambda: plan.memory_bytes["total"] - plan.memory_bytes["cuda_context"],
+            # what the framework's allocator reports (torch.cuda.max_memory_reserved): no CUDA context;
+            # its allocated figure (max_memory_allocated) holds no cached, fragmented blocks either
+            "peak_memory_per_gpu": lambda: plan.memory_bytes["total"] - plan.memory_bytes["cuda_context"]
+            - (plan.memory_bytes["allocator_overhead"] if _allocated_peak(row) else 0.0),
             "mfu": lambda: _counted_flops(row, spec, params_b, plan, setup) / plan.step_time_s / plan.n_devices
             / plan.peak_flops_per_s,
             "gpu_hours": lambda: plan.gpu_hours,
