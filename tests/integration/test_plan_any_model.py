@@ -119,6 +119,7 @@ def test_plan_a_user_factory_end_to_end(models):
     (["--model", "usermodels:small", "--input-shape", "12", "--measured-step-s", "0.5", "--stack-efficiency", "0.5"],
      ["--measured-step-s and --stack-efficiency", "pass one"]),
     (["--model", "usermodels:small", "--input-shape", "12", "--search"], ["--search", "--gpus N"]),
+    (["--model", "usermodels:small", "--input-shape", "12", "--optimizer", "none"], ["--optimizer none", "--optim adamw"]),
 ])
 def test_bad_input_is_one_sentence(models, args, words):
     proc = _plan(models, *args, check=False)

@@ -261,3 +261,14 @@ def test_a_stack_column_keeps_a_documents_two_stacks_apart(tmp_path):
     for r in rows:
         del r["stack"]
     assert dict((r.id, r) for _, r in anchored(rows, validate_rows(rows)))["A-3"].note.startswith("anchored on A-0:")
+
+
+def test_a_solved_share_is_said_once_the_same_way():
+    from tensorpilot.plan.anchor import Anchor, sentence
+
+    said = sentence(Anchor(0.4123, True, "stack_efficiency"), "tp=1 pp=1 dp=8", 2.5)
+    assert said == ("stack efficiency 0.412: the share of the planner's kernel rates at which tp=1 pp=1 dp=8 steps "
+                    "in the measured 2.5 s (pass --stack-efficiency 0.412 to plan other runs of this stack)")
+    host = sentence(Anchor(4.0, False, "host_efficiency"), "this run", 0.01, " (why)")
+    assert "op-dispatch rate" in host and "--host-efficiency 4 " in host
+    assert host.endswith("; no share reproduces the measurement (why), so it is clamped")

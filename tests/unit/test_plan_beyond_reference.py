@@ -1704,3 +1704,8 @@ def test_an_allocated_peak_holds_no_cached_blocks(notes, allocated):
     # reserved = allocated + the caching allocator's share (calibration.ALLOCATOR_OVERHEAD_FRACTION)
     expected = held * (1 if allocated else 1 + cal.ALLOCATOR_OVERHEAD_FRACTION) / 1e9
     assert predict_row(row).predicted == pytest.approx(expected, rel=1e-9)
+
+
+def test_offloading_an_optimizer_that_is_not_there_is_one_sentence():
+    with pytest.raises(ConfigError, match="optimizer 'none' has neither: drop --offload"):
+        TrainSetup(seq_len=4096, global_batch=8, optimizer="none", offload="optimizer")

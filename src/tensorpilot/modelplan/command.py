@@ -98,6 +98,7 @@ def _cmd_calibration(args) -> int:
 def _cmd_traced(args) -> int:
     from tensorpilot.modelplan import planner, sources
     from tensorpilot.plan import command as plan_command
+    from tensorpilot.plan.anchor import sentence
     from tensorpilot.plan.command import _json
 
     if args.deadline or args.inference:
@@ -119,6 +120,9 @@ def _cmd_traced(args) -> int:
     dtype = sources.parse_dtype(args.input_dtype) if args.input_dtype else None
     loss = sources.Loss.parse(args.loss, src.loss_fn)
     optimizer = args.optim or ("adamw" if args.optimizer == "adam" else args.optimizer)
+    if optimizer == "none":
+        raise UsageError("--optimizer none (forward and backward only) plans presets and config.json models; a "
+                         "traced step runs its optimizer: pass --optim adamw, sgd, adafactor or adamw8bit.")
     precision = {"bf16-amp": "bf16", "fp16-amp": "fp16", "bf16-pure": "bf16",
                  "fp16-pure": "fp16"}.get(args.precision, args.precision)
     if precision not in planner.PRECISIONS:
@@ -150,7 +154,7 @@ def _cmd_traced(args) -> int:
         plan = make()
     else:
         plan, found = planner.anchor(make, step_s)
-        plan.notes.insert(0, _anchor_sentence(found, step_s))
+        plan.notes.insert(0, sentence(found, "this run", step_s))
         stack[found.part] = found.efficiency
     if args.search:
         return _search(args, make, plan)
@@ -199,17 +203,6 @@ def _search(args, make, measured) -> int:
     if measured.anchor:
         con.print(f"note: {escape(measured.notes[0])}")
     return 0
-
-
-def _anchor_sentence(found, step_s: float) -> str:
-    what = "op rates" if found.part == "stack_efficiency" else "host op rate (this step waits for the host)"
-    flag = "--" + found.part.replace("_", "-")
-    said = (f"{found.part.replace('_', ' ')} {found.efficiency:.3g}: the share of the planner's {what} at which "
-            f"this run steps in the measured {step_s:,.4g} s (pass {flag} {found.efficiency:.3g} to plan other "
-            "batch sizes, device counts or parts with this stack)")
-    if not found.reached:
-        said += "; no share within its bounds reproduces the measurement, so it is clamped"
-    return said
 
 
 def _print(plan, top: int) -> None:

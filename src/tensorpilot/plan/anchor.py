@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from tensorpilot.plan.limits import MAX_STACK_EFFICIENCY
 
-__all__ = ["MIN_STACK_EFFICIENCY", "PARTS", "Anchor", "anchor_part", "solve_efficiency", "solve_part", "stack_efficiency"]
+__all__ = ["MIN_STACK_EFFICIENCY", "PARTS", "RATES", "Anchor", "anchor_part", "sentence", "solve_efficiency", "solve_part",
+           "stack_efficiency"]
 
 # below 1% of a tuned stack's kernel rates a measurement says more about its setup (a CPU
 # fallback, a debugger) than about a stack the planner can carry elsewhere
@@ -39,6 +40,8 @@ MAX_STEPS = 12
 
 # what a solved factor multiplies: TrainSetup's field of that name
 PARTS = ("stack_efficiency", "host_efficiency")
+# the planner's rates each part is a share of, as messages name them
+RATES = {"stack_efficiency": "kernel rates", "host_efficiency": "op-dispatch rate (the step waits for the host)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,3 +117,16 @@ def stack_efficiency(spec, acc, layout, setup, measured_step_s: float) -> Anchor
         return 1.0 / predict(spec, acc, layout, replace(setup, **{part: e})).step_time_s
 
     return solve_part(speed_at, anchor_part(plan.time_breakdown_s), 1.0 / measured_step_s)
+
+
+def sentence(found: Anchor, subject: str, measured_step_s: float, clamped_because: str = "") -> str:
+    """What a solved share says to the user: its value, the rates it is a share of, the step it
+    reproduces (``subject`` steps in ``measured_step_s``) and the flag that carries it to other
+    plans; a clamped one says so (``clamped_because``: why no share reproduces it)."""
+    flag = "--" + found.part.replace("_", "-")
+    said = (f"{found.part.replace('_', ' ')} {found.efficiency:.3g}: the share of the planner's {RATES[found.part]} "
+            f"at which {subject} steps in the measured {measured_step_s:,.4g} s (pass {flag} {found.efficiency:.3g} "
+            "to plan other runs of this stack)")
+    if not found.reached:
+        said += f"; no share reproduces the measurement{clamped_because}, so it is clamped"
+    return said

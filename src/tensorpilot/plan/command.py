@@ -376,18 +376,12 @@ def _layout_setup(args, spec, acc, gpus: int):
         return layout, setup, None
     from dataclasses import replace
 
-    from tensorpilot.plan.anchor import stack_efficiency
+    from tensorpilot.plan.anchor import sentence, stack_efficiency
 
     found = stack_efficiency(spec, acc, layout, setup, step_s)
     setup = replace(setup, **{found.part: found.efficiency})
-    what = "kernel rates" if found.part == "stack_efficiency" else "op-dispatch rate (the step waits for the host)"
-    said = (f"{found.part.replace('_', ' ')} {found.efficiency:.3g}: the share of the planner's {what} at which "
-            f"{layout.describe()} steps in the measured {step_s:,.4g} s (pass {_flag(found.part)} "
-            f"{found.efficiency:.3g} to plan other runs of this stack)")
-    if not found.reached:
-        said += ("; no share reproduces the measurement (communication, not the stack, sets this step's time), "
-                 "so it is clamped")
-    return layout, setup, said
+    return layout, setup, sentence(found, layout.describe(), step_s,
+                                   " (communication, not the stack, sets this step's time)")
 
 
 def _gib(x: float) -> str:

@@ -80,6 +80,9 @@ class TrainSetup:
             raise ConfigError(f"fp8_recipe must be one of {', '.join(cal.FP8_RECIPES)}, not {self.fp8_recipe!r}.")
         if self.offload not in OFFLOADS:
             raise ConfigError(f"offload must be one of {', '.join(OFFLOADS)}, not {self.offload!r}.")
+        if self.offload != "none" and self.optimizer == "none":
+            raise ConfigError(f"offload {self.offload!r} moves the optimizer's state and step to the host, and "
+                              "optimizer 'none' has neither: drop --offload.")
         if self.doc_len is not None:
             check_count("doc_len", self.doc_len, MAX_SEQ_LEN)
         check_number("stack_efficiency", self.stack_efficiency, MAX_STACK_EFFICIENCY, above_low=True)
