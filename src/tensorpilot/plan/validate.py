@@ -930,10 +930,10 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult],
     the user has measured one run of their stack. A source is the row's ``source`` text -- one
     document, taken as one stack -- and, where the file has a ``stack`` column (a document that
     compares two stacks: YaFSDP against FSDP, ZeRO-3 against Megatron), the stack it names: rows
-    anchor only on their own stack's runs. ``anchor``: "first", the source's first speed row anchors all its other
-    runs; "nearest", each row is anchored on the source's run that differs from it in the fewest
-    columns (a user measuring a run like the one planned; ties: the earlier). Rows of the anchor's
-    own run (the same configuration published as another metric, or again) are never anchored on
+    anchor only on their own stack's runs. ``anchor``: "first", the source's first speed row
+    anchors all its other runs; "nearest", each row is anchored on the source's run that differs
+    from it in the fewest columns (a user measuring a run like the one planned; ties: the
+    earlier). Rows of the anchor's own run (the same configuration published as another metric, or again) are never anchored on
     it: they would match by construction. Each row comes with its 0-based position in ``rows``,
     in file order, its ``note`` naming its anchor."""
     from tensorpilot.plan.anchor import solve_part
