@@ -933,9 +933,9 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult],
     anchor only on their own stack's runs. ``anchor``: "first", the source's first speed row
     anchors all its other runs; "nearest", each row is anchored on the source's run that differs
     from it in the fewest columns (a user measuring a run like the one planned; ties: the
-    earlier). Rows of the anchor's own run (the same configuration published as another metric, or again) are never anchored on
-    it: they would match by construction. Each row comes with its 0-based position in ``rows``,
-    in file order, its ``note`` naming its anchor."""
+    earlier). Rows of the anchor's own run (the same configuration published as another metric,
+    or again) are never anchored on it: they would match by construction. Each row comes with
+    its 0-based position in ``rows``, in file order, its ``note`` naming its anchor."""
     from tensorpilot.plan.anchor import solve_part
 
     if anchor not in ANCHORS:
