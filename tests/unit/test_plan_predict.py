@@ -346,3 +346,28 @@ def test_validation_file_with_a_byte_order_mark(tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + REFERENCE.read_bytes())
     results, _ = validate_file(path)
     assert results[0].id == "MEG-01" and all(r.predicted is not None for r in results if r.split == "reference")
+
+
+def test_validation_file_from_a_comma_decimal_spreadsheet(tmp_path):
+    # a spreadsheet in a comma-decimal locale saves ';'-separated cells with '1,7' for 1.7, and
+    # users capitalise headers: the same rows predict the same values as the plain file
+    import csv
+    from tensorpilot.plan.validate import validate_file
+
+    rows = list(csv.DictReader(REFERENCE.open(newline="")))[:6]
+    plain, semi = tmp_path / "plain.csv", tmp_path / "semi.csv"
+    with plain.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with semi.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=[f" {k.upper()} " for k in rows[0]], delimiter=";")
+        w.writeheader()
+        w.writerows({f" {k.upper()} ": v.replace(".", ",") if k in ("params_b", "value") else v
+                     for k, v in r.items()} for r in rows)
+    assert any("." in r["params_b"] for r in rows)     # the decimal commas are exercised
+    a, _ = validate_file(plain)
+    b, _ = validate_file(semi)
+    assert [r.id for r in b] == [r.id for r in a]
+    assert [r.published for r in b] == [r.published for r in a]
+    assert all(x.predicted is not None and x.predicted == pytest.approx(y.predicted) for x, y in zip(a, b))

@@ -170,10 +170,21 @@ def load_rows(path: str | Path) -> list[dict[str, str]]:
         if not p.is_file():                  # a FIFO or a device would block or never end
             raise PathError(f"{where} is not a regular file.")
         with p.open(newline="", encoding="utf-8-sig") as fh:   # -sig: spreadsheets write a BOM
-            reader = csv.DictReader(fh)
+            # spreadsheets in comma-decimal locales save with ';', others export tabs: a header with
+            # no comma but one of those names its delimiter
+            header = fh.readline()
+            fh.seek(0)
+            delimiter = next((d for d in (";", "\t") if "," not in header and d in header), ",")
+            reader = csv.DictReader(fh, delimiter=delimiter)
             try:
-                columns = reader.fieldnames or []
+                # 'N_GPUs', ' Metric ', 'seq len': the column names are read as the file spells them
+                # up to case, blanks and spaces
+                columns = [re.sub(r"\s+", "_", c.strip().lower()) for c in reader.fieldnames or []]
+                reader.fieldnames = columns
                 rows = list(reader)
+                if delimiter == ";":     # and write decimal commas: '1,7' is 1.7
+                    rows = [{k: re.sub(r"^\s*(-?\d+),(\d+)\s*$", r"\1.\2", v) if isinstance(v, str) else v
+                             for k, v in r.items()} for r in rows]
             except csv.Error as exc:
                 raise ConfigError(f"{where} is not a readable CSV file (line {reader.line_num}: {exc}).") from None
     except UnicodeDecodeError:
