@@ -34,14 +34,17 @@ from __future__ import annotations
 # runs of the validation file follow; newer stacks may run faster (benchmarks/RESULTS.md, ninth pass).
 # V100 (Volta): cuBLAS GEMMs on the tensor cores "deliver up to 83 Tflops/s in mixed precision" of
 # the 125 peak (Markidis et al. 2018, NVIDIA Tensor Core Programmability, Performance & Precision,
-# IPDPSW, arXiv 1803.04014, abstract; CUDA 9 cuBLAS): 0.66. It also stands for Volta's fp32 GEMMs
-# (the same paper's SGEMM, ~1/7 of that, is 0.76 of 15.7), which few runs use.
+# IPDPSW, arXiv 1803.04014, abstract; CUDA 9 cuBLAS): 0.66. Its fp32 GEMMs: MAMF_FRACTION_FP32.
 MAMF_FRACTION: dict[str, float] = {
     "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
     "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.67, "gb200": 0.67,
     "mi250x-gcd": 0.77, "v100-sxm2-32gb": 0.66, "mi325x": 0.60, "mi355x": 0.62, "mi350x": 0.62, "gaudi2": 0.97,
     "gaudi3": 0.68,
 }
+# fp32 GEMMs off the tensor cores (SIMT SGEMM): Volta's cuBLAS SGEMM reaches ~1/7 of its 83
+# TFLOP/s mixed-precision rate, 0.76 of the 15.7 fp32 peak (Markidis et al. 2018, above). Other
+# parts: their bf16 fraction (ASSUMED).
+MAMF_FRACTION_FP32: dict[str, float] = {"v100-sxm2-32gb": 0.76}
 # Devices without a measurement: an ASSUMED fraction between the measured NVIDIA parts.
 DEFAULT_MAMF_FRACTION = 0.80
 # fp8 (e4m3) GEMMs through cuBLASLt, 8192^3, TN layout (the only one Hopper's fp8 GEMM takes):
@@ -251,6 +254,8 @@ def mamf_fraction(catalog_key: str | None, dtype: str = "bf16", fp8_recipe: str 
     table = MAMF_FRACTION_FP8_SCALED_MM if fp8_recipe == "torchao" else MAMF_FRACTION_FP8
     if dtype == "fp8" and (catalog_key or "") in table:
         return table[catalog_key]
+    if dtype == "fp32" and (catalog_key or "") in MAMF_FRACTION_FP32:
+        return MAMF_FRACTION_FP32[catalog_key]
     return MAMF_FRACTION.get(catalog_key or "", DEFAULT_MAMF_FRACTION)
 
 

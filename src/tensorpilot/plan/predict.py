@@ -149,7 +149,7 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
     host = acc.host_link_gb_per_s * 1e9 / 2 * cal.LINK_BW_FRACTION if acc.host_link_gb_per_s else None
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
-    return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(cal.calibration_key(acc)),
+    return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(cal.calibration_key(acc), compute_dtype),
                           mem_bytes_per_s=(acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.MEMORY_BW_FRACTION,
                           link_bytes_per_s=link, internode_bytes_per_s=net,
                           attention_flops_per_s=sustained * cal.flash_attention_fraction(cal.calibration_key(acc)),
