@@ -3,7 +3,9 @@ host-dispatch wait (calibration.EAGER_OPS_PER_BLOCK).
 
 Each model family of Hugging Face transformers is built tiny (hidden 64, 16 tokens, so the host's
 dispatch, not the arithmetic, is what runs) at 2 and 6 blocks; aten ops are counted with a
-TorchDispatchMode through one forward + backward, and a block's share is the difference / 4. The
+TorchDispatchMode through one forward + backward, and a block's share is the difference / 4; so are
+the ops among them that launch no kernel on a GPU (views, transposes, detach: aliases of their
+input), whose complement is the launching share behind calibration.LAUNCHING_OP_SHARE. The
 marginal time per op (the 6-block step minus the 2-block one, over the extra ops) is printed too,
 for this CPU only: the planner's per-op cost is the published 4.5 us (calibration.py says where).
 
@@ -23,9 +25,11 @@ class _Count(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.n = 0
+        self.aliases = 0       # ops returning a view of an input: no kernel on a GPU
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.n += 1
+        self.aliases += func.is_view or func.overloadpacket in (torch.ops.aten.detach, torch.ops.aten.alias)
         return func(*args, **(kwargs or {}))
 
 
@@ -45,8 +49,8 @@ def _model(family: str, layers: int, attention: str):
                                             num_attention_heads=4, **tiny))
 
 
-def _measure(family: str, layers: int, attention: str, repeats: int = 20) -> tuple[int, int, float]:
-    """(forward ops, backward ops, seconds a step) of ``layers`` blocks."""
+def _measure(family: str, layers: int, attention: str, repeats: int = 20) -> tuple[int, int, int, float]:
+    """(forward ops, backward ops, alias ops, seconds a step) of ``layers`` blocks."""
     m = _model(family, layers, attention)
     x = torch.randint(0, 128, (1, 16))
     for _ in range(2):                                    # warm-up
@@ -59,7 +63,7 @@ def _measure(family: str, layers: int, attention: str, repeats: int = 20) -> tup
     t0 = time.perf_counter()
     for _ in range(repeats):
         m(input_ids=x, labels=x).loss.backward()
-    return forward, count.n - forward, (time.perf_counter() - t0) / repeats
+    return forward, count.n - forward, count.aliases, (time.perf_counter() - t0) / repeats
 
 
 def main() -> None:
@@ -67,13 +71,16 @@ def main() -> None:
 
     torch.set_num_threads(1)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    print("| model | attention | ops / block forward | ops / block backward | us per op (marginal, this CPU) |")
-    print("|---|---|---:|---:|---:|")
+    print("| model | attention | ops / block forward | ops / block backward | launching a kernel | "
+          "us per op (marginal, this CPU) |")
+    print("|---|---|---:|---:|---:|---:|")
     for attention in ("sdpa", "eager"):       # a fused kernel, or the scores materialised op by op
         for family in ("llama", "gpt2", "opt", "bert"):
-            (f2, b2, t2), (f6, b6, t6) = _measure(family, 2, attention), _measure(family, 6, attention)
-            per_op = (t6 - t2) / ((f6 + b6) - (f2 + b2)) * 1e6
-            print(f"| {family} | {attention} | {(f6 - f2) / 4:.0f} | {(b6 - b2) / 4:.0f} | {per_op:.1f} |")
+            (f2, b2, a2, t2), (f6, b6, a6, t6) = _measure(family, 2, attention), _measure(family, 6, attention)
+            ops = (f6 + b6) - (f2 + b2)
+            per_op = (t6 - t2) / ops * 1e6
+            print(f"| {family} | {attention} | {(f6 - f2) / 4:.0f} | {(b6 - b2) / 4:.0f} | {1 - (a6 - a2) / ops:.0%} "
+                  f"| {per_op:.1f} |")
 
 
 if __name__ == "__main__":

@@ -121,10 +121,16 @@ KERNEL_FLOOR_S = 5e-6
 # 67 + 115 / 67 + 114 (plain: the three's mean). One op: ~4.5 us for eager `x + 1` (J. Ansel,
 # "Micro-optimizations for the most micro of benchmarks", dev-discuss.pytorch.org, 2023,
 # i9-11900K); the same script measures 4-6 us a dispatched op on this project's CPUs: 5 us, a
-# floor (a CUDA launch adds its own).
+# floor (a CUDA launch adds its own, below).
 EAGER_OPS_PER_BLOCK = {("gated", "fused"): 217, ("plain", "fused"): 169,
                        ("gated", "materialized"): 265, ("plain", "materialized"): 180}
 HOST_SECONDS_PER_OP = 5e-6
+# On a GPU, an op that computes also pays the driver's launch: a bare cuLaunchKernel takes 3.0-3.3 us
+# of host time (0 / 19 kernel arguments, GB200; meta-pytorch/tritonbench pull request #1017, 2026,
+# "irreducible CUDA driver cost"). Of the ops EAGER_OPS_PER_BLOCK counts, 46-58% launch a kernel
+# (views, transposes and detach do not; benchmarks/eager_op_count.py): half.
+KERNEL_LAUNCH_S = 3e-6
+LAUNCHING_OP_SHARE = 0.5
 
 # ------------------------------------------------------------------------------ memory traffic
 
