@@ -7,7 +7,8 @@ TorchDispatchMode through one forward + backward, and a block's share is the dif
 the ops among them that launch no kernel on a GPU (views, transposes, detach: aliases of their
 input), whose complement is the launching share behind calibration.LAUNCHING_OP_SHARE. The
 marginal time per op (the 6-block step minus the 2-block one, over the extra ops) is printed too,
-for this CPU only: the planner's per-op cost is the published 4.5 us (calibration.py says where).
+for this CPU only: the planner's per-op cost is the published 4.5 us, and on a GPU the driver's
+launch for the launching share (calibration.py says where).
 
     pip install "transformers>=4.44"        # not a tensorpilot dependency
     python benchmarks/eager_op_count.py
