@@ -11,7 +11,7 @@ RESULTS.md, the blind sets). One measurement fixes one share, of whatever sets t
   rate (GEMMs, attention, memory-bound ops: timing.kernel_share) at which the planned step of the
   measured layout takes the measured time;
 - a step the planner sees waiting for the host to dispatch eager ops (a small batch): the *host
-  efficiency*, the factor on the ops a second the host dispatches (calibration.HOST_SECONDS_PER_OP).
+  efficiency*, the factor on the ops a second the host dispatches (calibration.EAGER_SECONDS_PER_OP).
   Blaming such a step's time on the kernels would slow every larger run of the stack by it.
 
 Links and offload keep their own rates -- they are not the stack's. The factor then carries to

@@ -131,6 +131,8 @@ HOST_SECONDS_PER_OP = 5e-6
 # (views, transposes and detach do not; benchmarks/eager_op_count.py): half.
 KERNEL_LAUNCH_S = 3e-6
 LAUNCHING_OP_SHARE = 0.5
+# what one counted eager op costs the host on a GPU: 6.5 us
+EAGER_SECONDS_PER_OP = HOST_SECONDS_PER_OP + LAUNCHING_OP_SHARE * KERNEL_LAUNCH_S
 
 # ------------------------------------------------------------------------------ memory traffic
 

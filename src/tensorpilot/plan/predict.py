@@ -454,8 +454,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         kind = ("gated" if spec.mlp == "swiglu" else "plain",
                 "fused" if s.attention in tm.FUSED_ATTENTION else "materialized")
         ops = cal.EAGER_OPS_PER_BLOCK[kind] * (1 + full / 3)
-        per_op_s = cal.HOST_SECONDS_PER_OP + cal.LAUNCHING_OP_SHARE * cal.KERNEL_LAUNCH_S
-        host_wait_s = max(0.0, layers_stage * ops * per_op_s / s.host_efficiency - stage_micro_s)
+        host_wait_s = max(0.0, layers_stage * ops * cal.EAGER_SECONDS_PER_OP / s.host_efficiency - stage_micro_s)
         stage_micro_s += host_wait_s
     if lo.pp > 1:               # activations sent forward and gradients back, Megatron's scatter/gather /t
         bw, alpha = tm.group_link(rates, lo.pp, lo.tp * lo.cp * lo.dp)
