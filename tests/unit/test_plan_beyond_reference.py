@@ -1165,6 +1165,21 @@ def test_rows_say_whether_attention_was_fused(notes, source, expected):
     assert _attention({"flops_convention": notes, "source": source, "gpu": gpu}) == expected
 
 
+@pytest.mark.parametrize("gpu,notes,expected", [
+    ("H200", "", "flash"),                           # first shipped 2024: every stack fused attention by then
+    ("MI300X", "Megatron-style GPT, bf16", "flash"),
+    ("H200", "no flash attention", "materialized"),  # the notes still win
+    ("H200", "fused attention disabled", "materialized"),
+    ("H100-80GB", "", "materialized"),               # 2022: its runs span both eras
+    ("A100-80GB", "", "materialized"),
+    ("a part nobody catalogued", "", "materialized"),
+])
+def test_a_row_silent_on_attention_takes_its_parts_era(gpu, notes, expected):
+    from tensorpilot.plan.validate import _attention
+
+    assert _attention({"flops_convention": notes, "source": "a paper", "gpu": gpu}) == expected
+
+
 def test_first_generation_flash_kernels_take_twice_the_attention_time_and_the_same_memory():
     """FlashAttention-2's abstract: "around 2x speedup compared to FlashAttention"; both keep the
     output and its log-sum-exp, not the s x s scores."""

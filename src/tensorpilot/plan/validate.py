@@ -443,7 +443,8 @@ def _attention(row) -> str:
     (_FLASH_SOURCES); flash1 where that kernel is a first-generation one (_FLASH_1, or SDPA under
     PyTorch 2.0-2.1) and no later one is named; materialized where the notes say no flash kernel
     ran -- that wins over the software's default (NeMo's 2022 launcher predates its flash
-    attention) -- and otherwise."""
+    attention). Where the notes say nothing of it, flash on a part first shipped in
+    FUSED_ATTENTION_ERA or later, materialized on an older one."""
     notes = _text(row, "flops_convention").lower()
     if _NO_FLASH.search(notes):
         return "materialized"
@@ -452,8 +453,32 @@ def _attention(row) -> str:
     cuda_sdpa = _SDPA.search(notes) and not re.search(r"gaudi|hpu|tpu|\bmi\d{3}", _text(row, "gpu").lower())
     if _FLASH_1.search(notes) or (cuda_sdpa and _TORCH_2_0.search(notes)):
         return "flash1"
-    flash = _switch(row, _FUSED_ATTENTION) or _source_names(row, _FLASH_SOURCES)
-    return "flash" if flash else "materialized"
+    named = _switch(row, _FUSED_ATTENTION)
+    if named or _source_names(row, _FLASH_SOURCES):
+        return "flash"
+    # the notes neither name a fused kernel nor turn one off: the default of the part's era
+    return "flash" if named is None and (_part_year(row) or 0) >= FUSED_ATTENTION_ERA else "materialized"
+
+
+# the year from which a part's published runs ran a fused attention kernel unless they say not:
+# every mainstream stack did by default in 2023 (PyTorch 2.0's SDPA, March 2023; FlashAttention-2,
+# July 2023; Megatron-Core and NeMo through Transformer Engine's fused attention; Hugging Face
+# transformers' SDPA default from v4.36, December 2023; JAX's Pallas flash / splash kernels in
+# MaxText). Parts first shipped before then (A100, H100, A800, Gaudi2, Trainium1) carry runs of both
+# eras, so there the default stays the materialised scores.
+FUSED_ATTENTION_ERA = 2023
+
+
+def _part_year(row) -> int | None:
+    """The year the row's accelerator first shipped (catalog), None where it is not catalogued
+    (the row is then reported as not modelled, for that reason, by predict_row)."""
+    from tensorpilot.hardware import catalog
+
+    gpu = _text(row, "gpu")
+    try:
+        return catalog.get(GPU_NAMES.get(gpu.lower(), gpu)).year
+    except ConfigError:
+        return None
 
 
 # the devices a node holds, as notes write it: "4 GPUs per node", "8 x H100 per node", "4-GPU nodes",
