@@ -133,6 +133,15 @@ KERNEL_LAUNCH_S = 3e-6
 LAUNCHING_OP_SHARE = 0.5
 # what one counted eager op costs the host on a GPU: 6.5 us
 EAGER_SECONDS_PER_OP = HOST_SECONDS_PER_OP + LAUNCHING_OP_SHARE * KERNEL_LAUNCH_S
+# torch.autocast (the *-amp recipes) adds the casts it inserts before and after the ops on its
+# lists: 25-43 more ops a block, forward + backward, for the four families above (34 / 37 Llama,
+# 31 / 25 GPT-2, 34 / 37 OPT, 43 / 34 BERT, fused / materialised attention), every one a copy
+# kernel (the launching share rises by exactly them: benchmarks/eager_op_count.py): 35
+AUTOCAST_OPS_PER_BLOCK = 35
+AUTOCAST_SECONDS_PER_OP = HOST_SECONDS_PER_OP + KERNEL_LAUNCH_S
+# ops outside the blocks a micro-batch dispatches, forward + backward: embeddings, the final norm,
+# the output layer and the loss (45-94 by family and attention, same script): 65
+EAGER_OPS_OUTSIDE_BLOCKS = 65
 
 # ------------------------------------------------------------------------------ memory traffic
 

@@ -454,7 +454,10 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         kind = ("gated" if spec.mlp == "swiglu" else "plain",
                 "fused" if s.attention in tm.FUSED_ATTENTION else "materialized")
         ops = cal.EAGER_OPS_PER_BLOCK[kind] * (1 + full / 3)
-        host_wait_s = max(0.0, layers_stage * ops * cal.EAGER_SECONDS_PER_OP / s.host_efficiency - stage_micro_s)
+        casts = cal.AUTOCAST_OPS_PER_BLOCK * (1 + full / 3) if prec.autocast else 0.0
+        host_s = layers_stage * (ops * cal.EAGER_SECONDS_PER_OP + casts * cal.AUTOCAST_SECONDS_PER_OP) \
+            + cal.EAGER_OPS_OUTSIDE_BLOCKS * cal.EAGER_SECONDS_PER_OP
+        host_wait_s = max(0.0, host_s / s.host_efficiency - stage_micro_s)
         stage_micro_s += host_wait_s
     if lo.pp > 1:               # activations sent forward and gradients back, Megatron's scatter/gather /t
         bw, alpha = tm.group_link(rates, lo.pp, lo.tp * lo.cp * lo.dp)
