@@ -448,7 +448,9 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     bwd_s = layers_stage * (lt.backward_s + recompute_s)
     stage_micro_s = fwd_s + bwd_s + layers_stage * (tp_comm_s + cp_comm_s) + head_s + cast_s
     # eager PyTorch: the device waits for the host where a micro-batch's work is shorter than
-    # dispatching its ops (calibration.EAGER_OPS_PER_BLOCK); a recomputed forward dispatches again
+    # dispatching its ops (calibration.EAGER_OPS_PER_BLOCK, + autocast's casts under the *-amp
+    # recipes, + the embeddings, head and loss, charged to the busiest stage as if it held them);
+    # a recomputed forward dispatches its block again
     host_wait_s = 0.0
     if s.kernels == "eager":
         kind = ("gated" if spec.mlp == "swiglu" else "plain",
