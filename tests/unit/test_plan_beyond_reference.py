@@ -1182,9 +1182,10 @@ def test_rows_say_whether_attention_was_fused(notes, source, expected):
     ("a part nobody catalogued", "", "materialized"),
 ])
 def test_a_row_silent_on_attention_takes_its_parts_era(gpu, notes, expected):
-    from tensorpilot.plan.validate import _attention
+    from tensorpilot.plan.validate import GPU_NAMES, _attention
 
-    assert _attention({"flops_convention": notes, "source": "a paper", "gpu": gpu}) == expected
+    year = catalog.get(GPU_NAMES.get(gpu.lower(), gpu)).year if "catalogued" not in gpu else None
+    assert _attention({"flops_convention": notes, "source": "a paper", "gpu": gpu}, year) == expected
 
 
 def test_first_generation_flash_kernels_take_twice_the_attention_time_and_the_same_memory():

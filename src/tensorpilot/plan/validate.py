@@ -329,7 +329,7 @@ _VIRTUAL_STAGES = re.compile(r"interleaved pipeline \((\d{1,6}) chunks\)|virtual
                              r"virtual[_ ]pipeline[_ ]model[_ ]parallel[_ ]size\s*[=:]?\s*(\d{1,6})")
 
 
-def _layout_setup(row, spec: ModelSpec):
+def _layout_setup(row, spec: ModelSpec, part_year: int | None = None):
     from tensorpilot.plan.predict import Layout, TrainSetup
 
     rec = _text(row, "recompute").lower() or "none"
@@ -402,7 +402,7 @@ def _layout_setup(row, spec: ModelSpec):
     setup = TrainSetup(seq_len=round(_int(row, "seq_len", spec.max_seq_len if spec else 2048) * fraction),
                        global_batch=batch, precision=precision, kernels=_kernels(row), fp8_recipe=_fp8_recipe(row),
                        grad_dtype=_grad_dtype(row, precision),
-                       optimizer=_optimizer(row), attention=_attention(row),
+                       optimizer=_optimizer(row), attention=_attention(row, part_year),
                        tokens=tokens if tokens and tokens > 0 else None, goodput=_goodput(row),
                        offload=_offload(row, sharding), loss_kernel=_loss_kernel(row))
     return layout, setup
@@ -437,14 +437,15 @@ _TORCH_2_0 = re.compile(r"\b(py)?torch\s*(==|v)?\s*2\.[01]\b")
 _SDPA = re.compile(r"\bsdpa\b|scaled[ _]dot[ _]product[ _]attention")
 
 
-def _attention(row) -> str:
+def _attention(row, part_year: int | None = None) -> str:
     """flash where the notes name a fused kernel (flash, FMHA, SDPA, Transformer Engine's fused
     attention) or software that runs one (NeMo, Megatron-Core), or the source is such software
     (_FLASH_SOURCES); flash1 where that kernel is a first-generation one (_FLASH_1, or SDPA under
     PyTorch 2.0-2.1) and no later one is named; materialized where the notes say no flash kernel
     ran -- that wins over the software's default (NeMo's 2022 launcher predates its flash
-    attention). Where the notes say nothing of it, flash on a part first shipped in
-    FUSED_ATTENTION_ERA or later, materialized on an older one."""
+    attention). Where the notes say nothing of it, flash on a part first shipped (``part_year``,
+    the catalog's year of the row's accelerator) in FUSED_ATTENTION_ERA or later, materialized on an
+    older or unknown one."""
     notes = _text(row, "flops_convention").lower()
     if _NO_FLASH.search(notes):
         return "materialized"
@@ -457,7 +458,7 @@ def _attention(row) -> str:
     if named or _source_names(row, _FLASH_SOURCES):
         return "flash"
     # the notes neither name a fused kernel nor turn one off: the default of the part's era
-    return "flash" if named is None and (_part_year(row) or 0) >= FUSED_ATTENTION_ERA else "materialized"
+    return "flash" if named is None and (part_year or 0) >= FUSED_ATTENTION_ERA else "materialized"
 
 
 # the year from which a part's published runs ran a fused attention kernel unless they say not:
@@ -467,18 +468,6 @@ def _attention(row) -> str:
 # MaxText). Parts first shipped before then (A100, H100, A800, Gaudi2, Trainium1) carry runs of both
 # eras, so there the default stays the materialised scores.
 FUSED_ATTENTION_ERA = 2023
-
-
-def _part_year(row) -> int | None:
-    """The year the row's accelerator first shipped (catalog), None where it is not catalogued
-    (the row is then reported as not modelled, for that reason, by predict_row)."""
-    from tensorpilot.hardware import catalog
-
-    gpu = _text(row, "gpu")
-    try:
-        return catalog.get(GPU_NAMES.get(gpu.lower(), gpu)).year
-    except ConfigError:
-        return None
 
 
 # the devices a node holds, as notes write it: "4 GPUs per node", "8 x H100 per node", "4-GPU nodes",
@@ -881,11 +870,11 @@ def _predict(row, result: RowResult, stack: dict[str, float]) -> float | None:
         raise ConfigError("the row has no model shape (hidden, layers, heads, vocab)")
     if result.metric in TOTALS and not (_number(row, "tokens") if "tokens" in row else None):
         raise ConfigError(f"metric {result.metric!r} needs the row's training tokens (column 'tokens')")
-    layout, setup = _layout_setup(row, spec)
-    setup = replace(setup, **stack)
     # a speed or a memory depends on the device: a row that names none is not guessed at
     gpu = _required(_text(row, "gpu") or None, "the row names no accelerator (column 'gpu')")
     acc = catalog.get(GPU_NAMES.get(gpu.lower(), gpu))
+    layout, setup = _layout_setup(row, spec, acc.year)
+    setup = replace(setup, **stack)
     node = _node_gpus(row)
     if node and acc.link_domain_gpus is None and node != cal.GPUS_PER_NODE:
         acc = catalog.variant(acc, gpus_per_node=node)
