@@ -1291,6 +1291,7 @@ def test_a_nemo_row_that_switches_its_recipe_defaults_off():
     ("gaudi2", "bf16", 418.7, 432.0),
     ("gaudi3", "bf16", 1243.0, 1835.0),
     ("mi350x", "bf16", 1565.0, 2516.6),                          # the MI355X's die at lower clocks: its fraction
+    ("t4", "fp16", 24.0, 65.0),                                  # NVIDIA forum: power-capped 4096^3 cuBLAS GEMMs
 ])
 def test_measured_gemm_fractions_of_more_parts(key, precision, mamf_tflops, theory_tflops):
     from tensorpilot.plan import calibration as cal

@@ -35,11 +35,15 @@ from __future__ import annotations
 # V100 (Volta): cuBLAS GEMMs on the tensor cores "deliver up to 83 Tflops/s in mixed precision" of
 # the 125 peak (Markidis et al. 2018, NVIDIA Tensor Core Programmability, Performance & Precision,
 # IPDPSW, arXiv 1803.04014, abstract; CUDA 9 cuBLAS): 0.66. Its fp32 GEMMs: MAMF_FRACTION_FP32.
+# T4 (Turing, a 70 W card): a 4096^3 fp16 cuBLAS GEMM run back to back holds ~24 of the 65 TFLOP/s
+# datasheet peak, 0.37, because the card's power cap pulls its clock towards the 585 MHz base from
+# the 1590 MHz boost the peak assumes (NVIDIA developer forums, "About GPU peak performance",
+# thread 264462, 2023, with NVIDIA's answer naming the power cap).
 MAMF_FRACTION: dict[str, float] = {
     "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
     "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.67, "gb200": 0.67,
     "mi250x-gcd": 0.77, "v100-sxm2-32gb": 0.66, "mi325x": 0.60, "mi355x": 0.62, "mi350x": 0.62, "gaudi2": 0.97,
-    "gaudi3": 0.68,
+    "gaudi3": 0.68, "t4": 0.37,
 }
 # fp32 GEMMs off the tensor cores (SIMT SGEMM): Volta's cuBLAS SGEMM reaches ~1/7 of its 83
 # TFLOP/s mixed-precision rate, 0.76 of the 15.7 fp32 peak (Markidis et al. 2018, above). Other
