@@ -143,6 +143,11 @@ def test_peaks_are_dense_not_sparse():
     ("trainium1", "bf16_tflops", 190, "AWS Neuron Trainium doc: 190 FP16/BF16/cFP8/TF32 TFLOPS per chip"),
     ("trainium1", "mem_bw_gb_per_s", 880.47, "AWS Neuron Trainium doc: 820 GiB/sec = 880.47 GB/s"),
     ("trainium1-neuroncore", "bf16_tflops", 190 / 2, "AWS Neuron Trainium doc: 2 NeuronCore-v2 per chip"),
+    ("max-1550-tile", "bf16_tflops", round(128 / 2 * 8 * 512 * 1.6 / 1000, 2),
+     "Intel Max 1550 spec: 128 Xe-cores x 8 XMX (512 bf16 FLOP/clk each) at 1600 MHz, 2 tiles"),
+    ("max-1550-tile", "mem_gb", 128 / 2, "Intel Max 1550 spec: 128 GB HBM2e, 2 tiles"),
+    ("tpu-v3", "bf16_tflops", 123, "Google Cloud TPU v3 doc: 123 TFLOPS per chip"),
+    ("tpu-v3", "mem_bw_gb_per_s", 900, "Google Cloud TPU v3 doc: 900 GBps HBM per chip"),
 ])
 def test_added_entries_match_their_datasheets(key, field, expected, document):
     assert getattr(get(key), field) == pytest.approx(expected, abs=1e-9), document
@@ -240,6 +245,8 @@ def test_loader_rejects_an_alias_claimed_by_two_entries():
     ("NVIDIA A800-SXM4-80GB", "a800-sxm4-80gb"),
     ("TPU v6 lite", "tpu-v6e"),
     ("TPU7x", "tpu7x"),
+    ("Intel(R) Data Center GPU Max 1550", "max-1550-tile"),
+    ("TPU v3", "tpu-v3"),
 ])
 def test_normalize_real_device_names(device_name, key):
     assert normalize_device_name(device_name) == key

@@ -129,7 +129,8 @@ _REQUIRED = ("name", "vendor", "year", "source")
 _KEY_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
 # Words drivers and people put around a model name; dropped before comparing names.
-_NOISE_WORDS = frozenset({"nvidia", "amd", "geforce", "tesla", "instinct", "intel", "google", "habana"})
+# vendor words, and the trademark marks Intel's device names carry ("Intel(R) Data Center GPU Max 1550")
+_NOISE_WORDS = frozenset({"nvidia", "amd", "geforce", "tesla", "instinct", "intel", "google", "habana", "r", "tm"})
 
 
 def _canonical(name: str) -> str:
