@@ -123,6 +123,13 @@ def test_user_hardware_file_end_to_end(tmp_path):
     assert out["counts"] == {"rows": 2, "predicted": 2, "not_modelled": 0}
     plain = json.loads(run_cli("plan", "validate", str(csv), "--json", cwd=tmp_path, check=True).stdout)
     assert plain["counts"]["not_modelled"] == 1 and "unknown accelerator" in plain["rows"][1]["note"]
+    # a second file adds its parts to the first's: a row naming each is predicted
+    more = tmp_path / "more.toml"
+    more.write_text('[accelerator.a100-80gb-300w]\nbase = "a100-sxm4-80gb"\ntdp_w = 300\naliases = ["A100 300W"]\n')
+    csv.write_text("\n".join([rows[0], row, rows[1].replace("A100-80GB", "A100 300W")]) + "\n")
+    both = json.loads(run_cli("plan", "validate", str(csv), "--hardware-file", str(parts), "--hardware-file",
+                              str(more), "--json", cwd=tmp_path, check=True).stdout)
+    assert both["counts"] == {"rows": 2, "predicted": 2, "not_modelled": 0}
     parts.write_text("[accelerator.h100-96gb-500w\n")
     proc = run_cli("plan", "--hardware-file", str(parts), cwd=tmp_path)
     assert proc.returncode == 2 and "is not TOML" in proc.stderr and "Traceback" not in proc.stderr

@@ -37,10 +37,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     h = p.add_argument_group("hardware and layout")
     h.add_argument("--gpu", default=None, metavar="NAME",
                    help=f"Catalogued accelerator, e.g. h100-sxm, 'A100 80GB' (default: {DEFAULT_GPU}).")
-    h.add_argument("--hardware-file", metavar="FILE.toml",
+    h.add_argument("--hardware-file", metavar="FILE.toml", action="append",
                    help="Parts of your own, [accelerator.KEY] tables with the catalog's fields (a variant: "
                         "base = \"h100-sxm\" plus the figures that differ); --gpu and validation rows may "
-                        "then name them. docs/planner.md has an example.")
+                        "then name them. Repeat it to add several files. docs/planner.md has an example.")
     h.add_argument("--memory-gb", type=float, default=None, metavar="GB",
                    help="Override the device's memory capacity (e.g. a 96 GB variant).")
     h.add_argument("--tdp-w", type=float, default=None, metavar="W", help="Override the board power (a power cap).")
@@ -311,7 +311,8 @@ def load_hardware(args) -> None:
     if getattr(args, "hardware_file", None):
         from tensorpilot.hardware import catalog
 
-        catalog.load_hardware_file(args.hardware_file)
+        for path in args.hardware_file:         # each adds to the parts the ones before it added
+            catalog.load_hardware_file(path)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
