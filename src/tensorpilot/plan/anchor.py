@@ -41,7 +41,7 @@ MAX_STEPS = 12
 # what a solved factor multiplies: TrainSetup's field of that name
 PARTS = ("stack_efficiency", "host_efficiency")
 # the planner's rates each part is a share of, as messages name them
-RATES = {"stack_efficiency": "kernel rates", "host_efficiency": "op-dispatch rate (the step waits for the host)"}
+RATES = {"stack_efficiency": "kernel rates", "host_efficiency": "op-dispatch rate"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +124,8 @@ def sentence(found: Anchor, subject: str, measured_step_s: float, clamped_becaus
     reproduces (``subject`` steps in ``measured_step_s``) and the flag that carries it to other
     plans; a clamped one says so (``clamped_because``: why no share reproduces it)."""
     flag = "--" + found.part.replace("_", "-")
-    said = (f"{found.part.replace('_', ' ')} {found.efficiency:.3g}: the share of the planner's {RATES[found.part]} "
+    said = (f"{found.part.replace('_', ' ')} {found.efficiency:.3g}: the share of the planner's {RATES[found.part]}"
+            f"{' (the step waits for the host)' if found.part == 'host_efficiency' else ''} "
             f"at which {subject} steps in the measured {measured_step_s:,.4g} s (pass {flag} {found.efficiency:.3g} "
             "to plan other runs of this stack)")
     if not found.reached:

@@ -1069,7 +1069,7 @@ class Trainer:
             from tensorpilot.plan.anchor import RATES
 
             t.add_row(part.replace("_", " "), escape(
-                f"{value:.3g} of the formula planner's {RATES[part].split(' (')[0]}"
+                f"{value:.3g} of the formula planner's {RATES[part]}"
                 + f" on {pred['formula']['hardware']} ({pred['formula']['step_time_s'] * 1e3:,.1f} ms planned at 1); "
                 f"pass --{part.replace('_', '-')} {value:.3g} to `tensorpilot plan` to plan other runs of this stack"
                 + ("" if anchor["reached"] else " (clamped: the stack does not set this step)")))
