@@ -13,8 +13,10 @@ unequal lengths -- goes to SDPA untouched. The model's code, parameters and stat
 change; ``engine.attention=sdpa`` turns the mode off.
 
 Why: PyTorch's CPU flash kernel is slow in bf16 at head_dim 64 (the blocked matmuls below run up
-to ~1.8x faster there, benchmarks/cpu_kernels.py) while in fp32 on the same CPU it can win; on
-GPUs the fused kernels win. Measuring per shape gets each case right without a rule per device.
+to ~1.8x faster there, benchmarks/cpu_kernels.py) while in fp32 on the same CPU it can win:
+measuring per shape gets each case right. On GPUs the fused kernels win (an H100 timed them
+1.6-12x faster at every training shape tried, benchmarks/RESULTS.md), so the trainer enters the
+mode on CPUs only when engine.attention is auto (trainer.ATTENTION_ON_ACCELERATORS).
 """
 
 from __future__ import annotations

@@ -367,3 +367,24 @@ def test_a_catalog_plan_beyond_one_node_reduces_gradients_over_the_network():
     # eight devices share NVLink; sixteen span two nodes and reduce over the slower network
     assert group_link(rates, 8, 1)[0] == rates.link_bytes_per_s > group_link(rates, 16, 1)[0]
     assert comm[16] > comm[8]
+
+
+def test_the_traced_batch_is_made_on_the_device_of_the_traced_model():
+    """The loader's batch is on the host; the traced model's fake parameters are on the run's
+    device. Made on the host, a token batch met cuda embedding weights and every traced
+    prediction on an H100 failed ("found two different devices cuda:0, cpu"). Fake tensors
+    need no GPU: this runs on a CPU-only build."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tensorpilot.training.predicted import _fake_like
+
+    tokens, targets = torch.randint(0, 16, (4, 8)), torch.randn(4)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        weight = torch.empty(16, 3, device="cuda")
+        (x,), y = _fake_like(((tokens,), targets), "cuda")()
+        assert (x.device.type, x.dtype, tuple(x.shape)) == ("cuda", torch.int64, (4, 8))
+        assert (y.device.type, y.dtype) == ("cuda", torch.float32)
+        assert F.embedding(x, weight).shape == (4, 8, 3)
+        (host,), _ = _fake_like(((tokens,), targets))()          # the default: where the loader left it
+        with pytest.raises(RuntimeError, match="devices"):
+            F.embedding(host, weight)

@@ -43,6 +43,11 @@ def test_op_classes(name, cls):
 
 def test_kernel_classes_by_name():
     assert bd.kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul_conv"
+    # cuBLAS's Hopper GEMMs carry no "gemm" in their names (seen missing on an H100: the matmuls
+    # of a bf16 step landed in elementwise)
+    assert bd.kernel_class("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT") == "matmul_conv"
+    assert bd.kernel_class("void splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>") == "matmul_conv"
+    assert bd.kernel_class("void gemv2T_kernel_val<int, int, float, float, float, 128, 16, 4, 4, false>") == "matmul_conv"
     assert bd.kernel_class("ncclDevKernel_AllReduce_Sum_f32_RING_LL") == "communication"
     assert bd.kernel_class("pytorch_flash::flash_fwd_kernel<...>") == "attention"
     assert bd.kernel_class("void at::native::vectorized_layer_norm_kernel<float>") == "normalization"
@@ -164,6 +169,58 @@ def test_gpu_step_from_kernels():
     assert s.seconds["communication"] == approx(200 * US) and s.comm_overlapped_s == approx(50 * US)
     assert s.seconds["data_loading"] == approx(100 * US)
     assert s.seconds["host_overhead"] == approx(300 * US)
+
+
+class _KinetoEvent:
+    """What events.device_kernels reads of torch's _KinetoEvent (no GPU in CI to record one)."""
+
+    def __init__(self, name, activity, start_us, dur_us, on_device=True):
+        from torch.autograd import DeviceType
+
+        self._name, self._activity, self._start, self._dur = name, activity, int(start_us * 1000), int(dur_us * 1000)
+        self._device = DeviceType.CUDA if on_device else DeviceType.CPU
+
+    def name(self):
+        return self._name
+
+    def activity_type(self):
+        return self._activity
+
+    def is_user_annotation(self):
+        return self._activity in ("user_annotation", "gpu_user_annotation")
+
+    def device_type(self):
+        return self._device
+
+    def start_ns(self):
+        return self._start
+
+    def duration_ns(self):
+        return self._dur
+
+
+def test_device_timeline_annotations_are_not_kernels():
+    """Kineto mirrors each record_function range (the step marker, module markers) onto the GPU
+    timeline; counted as kernels, the step marker made a whole H100 step one 'elementwise'
+    kernel and the module 'attn' marker an 'attention' one."""
+    from types import SimpleNamespace
+
+    from tensorpilot.profiling.events import device_kernels
+
+    recorded = [_KinetoEvent("tensorpilot.step#0", "gpu_user_annotation", 0, 1000),
+                _KinetoEvent("tensorpilot.module:blocks.0.attn", "gpu_user_annotation", 100, 300),
+                _KinetoEvent("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT", "kernel", 100, 300),
+                _KinetoEvent("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 0, 50),
+                _KinetoEvent("cudaStreamSynchronize", "cuda_sync", 500, 400),
+                _KinetoEvent("aten::mm", "cpu_op", 100, 300, on_device=False)]
+    prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: recorded)))
+    kernels = device_kernels(prof)
+    assert [k.name for k in kernels] == ["Memcpy HtoD (Pinned -> Device)", "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT"]
+    s = bd.gpu_step(ev("tensorpilot.step#0", 0, 1000), kernels)
+    # the GEMM's 300 us and the copy's 50; the other 650 us the device had nothing to run
+    assert s.seconds["matmul_conv"] == approx(300 * US) and s.seconds["casts_copies"] == approx(50 * US)
+    assert s.seconds["elementwise"] == 0 and s.seconds["attention"] == 0
+    assert s.seconds["host_overhead"] == approx(650 * US)
 
 
 def test_typical_step_is_robust_to_one_descheduled_step():

@@ -42,7 +42,9 @@ def train_step_flops(model: nn.Module, inputs, targets, loss_fn: Callable) -> in
         pass
     n = _batch_size(inputs)
     k = min(n, 2)
-    head = lambda t: t[:k] if isinstance(t, torch.Tensor) and t.dim() else t    # noqa: E731
+    # the samples go where the model is: the loader's batch is still on the host
+    where = next(iter(model.parameters()), torch.empty(0)).device
+    head = lambda t: (t[:k] if t.dim() else t).to(where) if isinstance(t, torch.Tensor) else t    # noqa: E731
     x, y = _map(inputs, head), _map(targets, head)
     grads = {p: p.grad for p in model.parameters()}
     buffers = [b.detach().clone() for b in model.buffers()]       # BatchNorm statistics

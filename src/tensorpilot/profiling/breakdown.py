@@ -262,7 +262,11 @@ def kernel_class(name: str) -> str:
         return "communication"
     if any(k in low for k in ("flash", "fmha", "attention", "attn")):
         return "attention"
-    if any(k in low for k in ("gemm", "cutlass", "cublas", "xmma", "wgmma", "conv", "cudnn", "matmul", "sgemm")):
+    # cuBLAS 12.x/13 names its Hopper and Blackwell GEMMs nvjet_* (nvjet_tst_..., nvjet_hsh_...), its
+    # CUDA-core fallbacks for thin shapes gemv*/gemmSN*/dot_kernel, and its split-K epilogue
+    # splitKreduce_kernel: none says "gemm" where the GEMM is on the tensor cores
+    if any(k in low for k in ("gemm", "cutlass", "cublas", "xmma", "wgmma", "conv", "cudnn", "matmul", "nvjet",
+                              "gemv", "splitkreduce", "dot_kernel")):
         return "matmul_conv"
     if "norm" in low:
         return "normalization"

@@ -74,17 +74,34 @@ def allocations(prof: Any) -> list[tuple[int, int]]:
     return sorted(out)
 
 
+# Kineto activity types of work an accelerator did. Its timeline also carries
+# "gpu_user_annotation" events (each record_function range -- our step and module markers --
+# mirrored onto the device, spanning the kernels launched inside it) and synchronisation
+# records: counted as kernels, a step marker made the whole step look like one elementwise
+# kernel (seen on an H100, torch 2.11).
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
 def device_kernels(prof: Any) -> list[Ev]:
     """Kernels and copies that ran on an accelerator (CUDA/ROCm/XPU), flat, in time order;
     empty on a CPU-only run. Kineto reports them in microseconds-resolution nanoseconds."""
     from torch.autograd import DeviceType
 
+    devices = (DeviceType.CUDA, getattr(DeviceType, "XPU", DeviceType.CUDA))
     out = []
     for e in prof.profiler.kineto_results.events():
-        if e.device_type() in (DeviceType.CUDA, getattr(DeviceType, "XPU", DeviceType.CUDA)):
+        if e.device_type() in devices and is_device_work(e):
             start = e.start_ns()
             out.append(Ev(e.name(), start, start + e.duration_ns(), tid=-1))
     return sorted(out, key=lambda k: k.start_ns)
+
+
+def is_device_work(event: Any) -> bool:
+    """Whether a Kineto event on an accelerator's timeline is a kernel, copy or fill (not an
+    annotation range or a synchronisation record)."""
+    if event.is_user_annotation():
+        return False
+    return event.activity_type() in DEVICE_WORK
 
 
 def steps(roots: list[Ev]) -> list[Ev]:

@@ -277,7 +277,7 @@ def _trace(trainer) -> tuple[list, str | None]:
     inputs = x if isinstance(x, (tuple, list, dict)) else (x,)
     auto = trainer.choice.autocast
     try:
-        trace = trace_step(trainer.model, _fake_like((inputs, y)), wl.loss,
+        trace = trace_step(trainer.model, _fake_like((inputs, y), trainer.device.type), wl.loss,
                            optimizer_factory(trainer.optim_cfg.name, trainer.device.type),
                            device=trainer.device.type, autocast_dtype=getattr(torch, auto) if auto else None,
                            clip_grad_norm=bool(trainer.cfg.optim.grad_clip))

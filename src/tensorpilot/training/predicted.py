@@ -26,15 +26,17 @@ class RunPrediction:
     why_not: str | None = None
 
 
-def _fake_like(batch: Any) -> Callable[[], tuple[Any, Any]]:
+def _fake_like(batch: Any, device: str = "cpu") -> Callable[[], tuple[Any, Any]]:
     """A function making (inputs, targets) with the shapes and dtypes of the real ``batch``,
-    as the tracer's fake tensors (called inside its fake mode)."""
+    as the tracer's fake tensors (called inside its fake mode) on ``device``, where the traced
+    model's fake parameters are: the loader's batch is still on the host, and an op mixing a
+    host input with cuda parameters (an embedding's index) fails to trace."""
     def make_one(t):
         if not isinstance(t, torch.Tensor):
             return t
         if t.is_floating_point():
-            return torch.randn(t.shape, dtype=t.dtype)
-        return torch.zeros(t.shape, dtype=t.dtype)
+            return torch.randn(t.shape, dtype=t.dtype, device=device)
+        return torch.zeros(t.shape, dtype=t.dtype, device=device)
 
     def walk(obj):
         if isinstance(obj, (tuple, list)):
@@ -59,7 +61,7 @@ def predict_run(model: nn.Module, batch: Any, loss_fn: Callable, *, name: str, o
     inputs = x if isinstance(x, (tuple, list, dict)) else (x,)
     precision = {"bfloat16": "bf16", "float16": "fp16"}.get(autocast or "", "fp32")
     try:
-        trace = trace_step(model, _fake_like((inputs, y)), loss_fn, planner.optimizer_factory(optimizer, device.type),
+        trace = trace_step(model, _fake_like((inputs, y), device.type), loss_fn, planner.optimizer_factory(optimizer, device.type),
                            device=device.type, autocast_dtype=getattr(torch, autocast) if autocast else None,
                            clip_grad_norm=clip_grad_norm)
         plan = planner.plan_local(trace, None, batch_size=micro_batch, precision=precision, optimizer=optimizer,
