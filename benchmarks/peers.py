@@ -30,6 +30,8 @@ the foreign load (share of the machine other processes used meanwhile).
     pip install -e ".[bench]"                 # lightning, accelerate, transformers, timm
     python benchmarks/peers.py --model nanogpt --steps 80
     python benchmarks/peers.py --model hf-gpt2,hf-llama,timm-resnet,gpt --steps 80,300
+    python benchmarks/peers.py --device cuda --model nanogpt,hf-llama --steps 200   # GPU_SHAPES:
+        # GPT-2-small-shaped models, every arm on the GPU (autocast, Accelerate and Lightning on cuda)
 """
 
 from __future__ import annotations
@@ -56,6 +58,22 @@ VAL_BATCHES = 8
 # per model: (global batch, sequence length); sized so a step takes a fraction of a second here
 SHAPES = {"nanogpt": (8, 128), "gpt": (8, 128), "hf-gpt2": (8, 256), "hf-llama": (8, 256),
           "timm-resnet": (32, None)}
+# --device cuda: GPT-2-small-shaped language models (user_models.build(size="gpu")) at a batch
+# that keeps an H100-class GPU busy (~8-20 TFLOP per step), so the loop is not host-bound
+GPU_SHAPES = {"nanogpt": (16, 1024), "gpt": (16, 1024), "hf-gpt2": (16, 1024), "hf-llama": (16, 1024),
+              "timm-resnet": (128, None)}
+DEVICE = "cpu"          # set by --device; the child reads it from its command line
+
+
+def shape(name: str) -> tuple[int, int | None]:
+    return (GPU_SHAPES if DEVICE != "cpu" else SHAPES)[name]
+
+
+def to_device(b):
+    import torch
+
+    x, y = b
+    return x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)
 
 
 # ------------------------------------------------------------------------------ shared parts
@@ -64,18 +82,21 @@ def build_model(name: str, seq_len: int | None):
         from tensorpilot.plan.models import GPT_SIZES
         from tensorpilot.workloads.gpt import GPT, GPTConfig
 
-        shape = {k: v for k, v in GPT_SIZES["small"].items() if k in ("n_layer", "n_head", "d_model")}
-        return GPT(GPTConfig(**shape, seq_len=seq_len, tie_head=False))
+        dims = {k: v for k, v in GPT_SIZES["small"].items() if k in ("n_layer", "n_head", "d_model")}
+        if DEVICE != "cpu":
+            dims = {"n_layer": 12, "n_head": 12, "d_model": 768}
+        return GPT(GPTConfig(**dims, seq_len=seq_len, tie_head=False))
     import user_models
 
-    return user_models.build(name, seq_len or 256)
+    return user_models.build(name, seq_len or 256, size="gpu" if DEVICE != "cpu" else "cpu")
 
 
 def data(name: str, seq_len: int | None, steps: int, batch: int):
     import user_models
 
     return user_models.datasets("nanogpt" if name == "gpt" else name, seq_len=seq_len or 256,
-                                n_train=steps * batch, n_val=VAL_BATCHES * batch)
+                                n_train=steps * batch, n_val=VAL_BATCHES * batch,
+                                image_size=112 if DEVICE != "cpu" else 64)
 
 
 def loss_fn(out, y):
@@ -119,20 +140,24 @@ def evaluate(model, val, batch: int) -> float:
     """fp32, eval mode, eager (compiled regions run their Python), the same batches for every arm."""
     import torch
 
-    model.eval()
+    model.eval().to(DEVICE)                # Lightning's teardown moves the model back to the CPU
     with torch.no_grad(), torch.compiler.set_stance("force_eager"):
-        losses = [loss_fn(model(x), y).item() for x, y in batches(val, batch, VAL_BATCHES)]
+        losses = [loss_fn(model(x), y).item() for x, y in map(to_device, batches(val, batch, VAL_BATCHES))]
     return sum(losses) / len(losses)
 
 
 class Clock:
-    """Per-step wall times of a loop."""
+    """Per-step wall times of a loop (on a GPU, each tick waits for the step's kernels)."""
 
     def __init__(self):
         self.steps: list[float] = []
         self._t = time.perf_counter()
 
     def tick(self):
+        if DEVICE != "cpu":
+            import torch
+
+            torch.cuda.synchronize()
         now = time.perf_counter()
         self.steps.append(now - self._t)
         self._t = now
@@ -147,13 +172,13 @@ def hand_loop(name, batch, seq, steps, bf16: bool):
     import torch
 
     t0 = time.perf_counter()
-    model = build_model(name, seq)
+    model = build_model(name, seq).to(DEVICE)
     train, val = data(name, seq, steps, batch)
     opt = torch.optim.AdamW(param_groups(model), lr=LR, betas=BETAS)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(steps))
     clock = Clock()
-    for x, y in batches(train, batch, steps, SEED):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    for x, y in map(to_device, batches(train, batch, steps, SEED)):
+        with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=bf16):
             loss = loss_fn(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -180,12 +205,12 @@ def arm_accelerate(name, batch, seq, steps, run_dir):
     t0 = time.perf_counter()
     model = build_model(name, seq)
     train, val = data(name, seq, steps, batch)
-    acc = Accelerator(mixed_precision="bf16", cpu=True)
+    acc = Accelerator(mixed_precision="bf16", cpu=DEVICE == "cpu")
     opt = torch.optim.AdamW(param_groups(model), lr=LR, betas=BETAS, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(steps))
     model, opt, sched = acc.prepare(model, opt, sched)
     clock = Clock()
-    for x, y in batches(train, batch, steps, SEED):
+    for x, y in map(to_device, batches(train, batch, steps, SEED)):
         loss = loss_fn(model(x), y)
         acc.backward(loss)
         acc.clip_grad_norm_(model.parameters(), CLIP)
@@ -229,7 +254,7 @@ def arm_lightning(name, batch, seq, steps, run_dir):
             return batches(train, batch, steps, SEED)
 
     lit = torch.compile(Lit(model))        # Lightning's documented way: compile the LightningModule
-    trainer = L.Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", max_steps=steps,
+    trainer = L.Trainer(accelerator="cpu" if DEVICE == "cpu" else "gpu", devices=1, precision="bf16-mixed", max_steps=steps,
                         gradient_clip_val=CLIP, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         limit_val_batches=0, default_root_dir=run_dir)
@@ -252,7 +277,7 @@ def arm_tensorpilot(name, batch, seq, steps, run_dir, fixed: str | None = None):
         **how, "train.steps": steps, "data.batch_size": batch,
         "optim.lr": LR, "optim.betas": list(BETAS), "optim.weight_decay": WD, "optim.warmup_steps": WARMUP,
         "optim.min_lr_ratio": MIN_RATIO, "optim.grad_clip": CLIP, "checkpoint.enabled": False, "train.seed": SEED,
-        "train.eval_interval": 10**6, "train.eval_batches": 1, "logging.progress": "off",
+        "train.eval_interval": 10**6, "train.eval_batches": 1, "logging.progress": "off", "train.device": DEVICE,
         "logging.tensorboard": False, "run_dir": run_dir})
     loop = time.perf_counter() - t0
     steady = batch / s["samples_per_s"] if s.get("samples_per_s") else float("nan")
@@ -262,7 +287,8 @@ def arm_tensorpilot(name, batch, seq, steps, run_dir, fixed: str | None = None):
         "setup_s": s.get("setup_s"), "attention": s.get("attention"), "precision": s.get("precision"),
         "compile": s.get("compile_reason"), "mfu_vs_measured": s.get("mfu_vs_measured"),
         "measured_peak_flops_per_s": s.get("measured_peak_flops_per_s"),
-        "model_flops_per_step": s.get("model_flops_per_step")}
+        "model_flops_per_step": s.get("model_flops_per_step"), "mfu": s.get("mfu"),
+        "predicted": s.get("predicted"), "peak_memory_bytes": s.get("peak_memory_bytes")}
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -278,7 +304,7 @@ def child(arm: str, name: str, steps: int, run_dir: str, seed: int) -> None:
     global SEED
     SEED = seed
     torch.manual_seed(seed)
-    batch, seq = SHAPES[name]
+    batch, seq = shape(name)
     if arm in ("tp-fp32", "tp-bf16"):
         loop_s, steady_s, val, extra = arm_tensorpilot(name, batch, seq, steps, run_dir, fixed=arm[3:])
     else:
@@ -305,7 +331,7 @@ def run_arm(arm: str, name: str, steps: int, seed: int, tmp: str) -> dict:
     Path(env["TENSORPILOT_CACHE"]).mkdir(parents=True)
     for f in cache_dir().glob("probe-*.json"):
         (Path(env["TENSORPILOT_CACHE"]) / f.name).write_bytes(f.read_bytes())
-    proc = subprocess.run([sys.executable, __file__, "--child", arm, name, str(steps), f"{tmp}/{slug}", str(seed)],
+    proc = subprocess.run([sys.executable, __file__, "--child", arm, name, str(steps), f"{tmp}/{slug}", str(seed), DEVICE],
                           capture_output=True, text=True, cwd=HERE, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode:
@@ -320,7 +346,7 @@ def run_arm(arm: str, name: str, steps: int, seed: int, tmp: str) -> dict:
 
 
 def report(name: str, steps: int, rows: list[dict]) -> dict:
-    batch, seq = SHAPES[name]
+    batch, seq = shape(name)
     unit = "tokens" if seq else "samples"
     n = batch * steps * (seq or 1)
     ok = {r["arm"]: r for r in rows if "error" not in r}
@@ -359,8 +385,10 @@ def report(name: str, steps: int, rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    global DEVICE
     if argv and argv[0] == "--child":
         sys.path.insert(0, str(HERE))
+        DEVICE = argv[6]
         child(argv[1], argv[2], int(argv[3]), argv[4], int(argv[5]))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -368,14 +396,16 @@ def main(argv=None) -> int:
     p.add_argument("--steps", default="80", help="comma-separated run lengths, e.g. 80,300")
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: GPU-sized models (GPU_SHAPES), every arm on the GPU")
     p.add_argument("--out", default=str(HERE / "results" / "peers.json"))
     args = p.parse_args(argv)
+    DEVICE = args.device
     sys.path.insert(0, str(HERE))
     from benchutil import machine
     from tensorpilot.hardware.probe import matmul_flops
 
     tmp = tempfile.mkdtemp(prefix="tp-peers-")
-    ceilings = {dt: matmul_flops("cpu", dt, 2048) for dt in ("bf16", "fp32")}
+    ceilings = {dt: matmul_flops(DEVICE, dt, 2048 if DEVICE == "cpu" else 8192) for dt in ("bf16", "fp32")}
     runs = []
     for name in args.model.split(","):
         for steps in (int(s) for s in args.steps.split(",")):

@@ -169,22 +169,26 @@ def _torchvision_importable() -> None:
         _TV_LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 
 
-def timm_resnet(num_classes: int = 10) -> nn.Module:
+def timm_resnet(num_classes: int = 10, arch: str = "resnet18") -> nn.Module:
     import timm
 
-    return timm.create_model("resnet18", num_classes=num_classes, pretrained=False)
+    return timm.create_model(arch, num_classes=num_classes, pretrained=False)
 
 
-def build(name: str, seq_len: int = 256) -> nn.Module:
+def build(name: str, seq_len: int = 256, size: str = "cpu") -> nn.Module:
+    """``size`` "cpu": ~10M-parameter models a 2-core step takes a fraction of a second on;
+    "gpu": GPT-2-small-shaped language models (12 layers, width 768, 12 heads; byte vocabulary,
+    ~85M parameters) and timm's resnet50, sized to keep one datacenter GPU busy."""
     _torchvision_importable()          # transformers and timm both import torchvision if present
+    gpu = size == "gpu"
     if name == "nanogpt":
-        return NanoGPT(block_size=seq_len)
+        return NanoGPT(block_size=seq_len, n_layer=12, n_head=12, n_embd=768) if gpu else NanoGPT(block_size=seq_len)
     if name == "hf-gpt2":
-        return hf_gpt2(seq_len)
+        return hf_gpt2(seq_len, n_layer=12, n_embd=768, n_head=12) if gpu else hf_gpt2(seq_len)
     if name == "hf-llama":
-        return hf_llama(seq_len)
+        return hf_llama(seq_len, n_layer=12, hidden=768, heads=12) if gpu else hf_llama(seq_len)
     if name == "timm-resnet":
-        return timm_resnet()
+        return timm_resnet(arch="resnet50" if gpu else "resnet18")
     raise SystemExit(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
 
 
@@ -243,10 +247,10 @@ class QuadrantImages(torch.utils.data.Dataset):
         return img, torch.tensor(label)
 
 
-def datasets(name: str, *, seq_len: int, n_train: int, n_val: int, seed: int = 0):
+def datasets(name: str, *, seq_len: int, n_train: int, n_val: int, seed: int = 0, image_size: int = 64):
     """(train, val) map-style datasets for ``name``."""
     if name == "timm-resnet":
-        return QuadrantImages(n_train, 64, seed), QuadrantImages(n_val, 64, seed + 1)
+        return QuadrantImages(n_train, image_size, seed), QuadrantImages(n_val, image_size, seed + 1)
     data = stdlib_bytes()
     split = int(data.numel() * 0.9)
     return (ByteWindows(data[:split], seq_len, n_train, seed),
@@ -260,3 +264,13 @@ def loss_fn(output, target):
 
 def tokens_per_sample(name: str, seq_len: int) -> int | None:
     return None if name == "timm-resnet" else seq_len
+
+
+# zero-argument factories of the GPU-sized models, for `tensorpilot plan --model` (token ids of
+# 1024 positions: --input-shape 1024 --input-dtype int64)
+def nanogpt_gpu() -> nn.Module:
+    return build("nanogpt", 1024, size="gpu")
+
+
+def hf_llama_gpu() -> nn.Module:
+    return build("hf-llama", 1024, size="gpu")
