@@ -122,20 +122,24 @@ KERNEL_FLOOR_S = 5e-6
 # on Hugging Face transformers 4.57.6's models: benchmarks/eager_op_count.py), by MLP and by
 # whether attention is one fused SDPA call or materialised op by op: Llama 76 + 141 (gated MLP,
 # RMSNorm and RoPE composite) / 101 + 164; GPT-2 74 + 97 / 74 + 98, OPT 54 + 99 / 70 + 117, BERT
-# 67 + 115 / 67 + 114 (plain: the three's mean). One op: ~4.5 us for eager `x + 1` (J. Ansel,
-# "Micro-optimizations for the most micro of benchmarks", dev-discuss.pytorch.org, 2023,
-# i9-11900K); the same script measures 4-6 us a dispatched op on this project's CPUs: 5 us, a
-# floor (a CUDA launch adds its own, below).
+# 67 + 115 / 67 + 114 (plain: the three's mean). One op on a GPU server's host: 9.7 us before the
+# launch, measured on an H100's host (16-core Xeon at 2.1 GHz, torch 2.11, benchmarks/RESULTS.md
+# "First GPU lease"): the host-bound tensorpilot gpt at 4 and 6 blocks took 15.4 and 20.1 ms a
+# step, 2.33 ms a block for its 169 ops + 35 autocast casts, which at this model's launch costs
+# below leaves 9.7 us an op. A desktop CPU dispatches faster: ~4.5 us for eager `x + 1` on an
+# i9-11900K at 5.3 GHz (J. Ansel, "Micro-optimizations for the most micro of benchmarks",
+# dev-discuss.pytorch.org, 2023), 4-6 us on this project's development CPUs; training steps run
+# on server hosts, at server clocks.
 EAGER_OPS_PER_BLOCK = {("gated", "fused"): 217, ("plain", "fused"): 169,
                        ("gated", "materialized"): 265, ("plain", "materialized"): 180}
-HOST_SECONDS_PER_OP = 5e-6
+HOST_SECONDS_PER_OP = 9.7e-6
 # On a GPU, an op that computes also pays the driver's launch: a bare cuLaunchKernel takes 3.0-3.3 us
 # of host time (0 / 19 kernel arguments, GB200; meta-pytorch/tritonbench pull request #1017, 2026,
 # "irreducible CUDA driver cost"). Of the ops EAGER_OPS_PER_BLOCK counts, 46-58% launch a kernel
 # (views, transposes and detach do not; benchmarks/eager_op_count.py): half.
 KERNEL_LAUNCH_S = 3e-6
 LAUNCHING_OP_SHARE = 0.5
-# what one counted eager op costs the host on a GPU: 6.5 us
+# what one counted eager op costs the host on a GPU: 11.2 us
 EAGER_SECONDS_PER_OP = HOST_SECONDS_PER_OP + LAUNCHING_OP_SHARE * KERNEL_LAUNCH_S
 # torch.autocast (the *-amp recipes) adds the casts it inserts before and after the ops on its
 # lists: 25-43 more ops a block, forward + backward, for the four families above (34 / 37 Llama,
