@@ -321,6 +321,8 @@ def test_attention_on_a_slow_path():
     assert kinds(found) == ["attention"] and found[0].flag == "--engine.attention auto"
     assert fd.find(flash, fd.RunFacts(attention_mode="auto"), roof) == []   # auto already chose per shape
     assert fd.find(flash, fd.RunFacts(attention_mode="sdpa")) == []          # no rates: no evidence of slowness
+    # on a GPU auto keeps SDPA (the trainer routes on CPUs only): suggesting it would change nothing
+    assert fd.find(flash, fd.RunFacts(attention_mode="sdpa", device_kind="cuda"), roof) == []
 
 
 def test_communication_recompute_optimizer():

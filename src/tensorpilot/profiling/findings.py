@@ -176,8 +176,10 @@ def attention(step, facts: RunFacts, roofline: list[dict] | None = None) -> Find
                      "route SDPA calls to tensorpilot's blocked matmuls (engine.attention blocked): the same "
                      "result, dropout included, without computing the masked half of causal scores",
                      {"engine.attention": "blocked"})
-    if facts.attention_mode != "sdpa":
-        return None                     # auto already chose per shape; blocked was asked for
+    if facts.attention_mode != "sdpa" or facts.device_kind != "cpu":
+        # auto already chose per shape; blocked was asked for; on an accelerator auto keeps SDPA
+        # (training/trainer.py, ATTENTION_ON_ACCELERATORS), so suggesting it would change nothing
+        return None
     rows = {r["op_class"]: r for r in roofline or ()}
     att, mm = rows.get("attention", {}), rows.get("matmul_conv", {})
     if not (att.get("achieved_flops_per_s") and mm.get("achieved_flops_per_s")):

@@ -53,13 +53,13 @@ from tensorpilot.workloads.base import Workload
 LN2 = math.log(2.0)
 # compile=auto: compiled steps timed (after the compiling one) before they are compared with eager
 COMPILE_PROBE_STEPS = 3
+COMPILE_NOISE = 0.03
 # engine.attention=auto on a GPU: SDPA as the model calls it, no routing mode. On an H100 (torch
 # 2.11) SDPA's fused kernels ran 1.6-12x faster than blocked matmuls at each of the five training
 # shapes auto timed (benchmarks/RESULTS.md, "First GPU lease"); blocked matmuls win only against
 # CPU flash kernels (tensorpilot.attention).
 ATTENTION_ON_ACCELERATORS = ("auto: SDPA's fused kernels, as the model calls them (on GPUs they beat blocked "
                              "matmuls at every shape timed; the per-shape trials run on CPUs)")
-COMPILE_NOISE = 0.03
 
 
 def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> None:
