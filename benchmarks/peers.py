@@ -70,8 +70,6 @@ def shape(name: str) -> tuple[int, int | None]:
 
 
 def to_device(b):
-    import torch
-
     x, y = b
     return x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)
 

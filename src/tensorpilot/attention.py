@@ -16,7 +16,7 @@ Why: PyTorch's CPU flash kernel is slow in bf16 at head_dim 64 (the blocked matm
 to ~1.8x faster there, benchmarks/cpu_kernels.py) while in fp32 on the same CPU it can win:
 measuring per shape gets each case right. On GPUs the fused kernels win (an H100 timed them
 1.6-12x faster at every training shape tried, benchmarks/RESULTS.md), so the trainer enters the
-mode on CPUs only when engine.attention is auto (trainer.ATTENTION_ON_ACCELERATORS).
+mode on CPUs only when engine.attention is auto (``router``).
 """
 
 from __future__ import annotations
@@ -157,6 +157,21 @@ def recompute_context():
     same tensors)."""
     routers = getattr(_entered, "routers", None)
     return contextlib.nullcontext(), (routers[-1] if routers else contextlib.nullcontext())
+
+
+# engine.attention=auto on an accelerator: SDPA as the model calls it, no routing mode. On an H100
+# (torch 2.11) SDPA's fused kernels ran 1.6-12x faster than blocked matmuls at each of the five
+# training shapes auto timed (benchmarks/RESULTS.md, "First GPU lease"); blocked matmuls win only
+# against CPU flash kernels, and a mode costs every torch call of the forward its dispatch.
+AUTO_ON_ACCELERATORS = ("auto: SDPA's fused kernels, as the model calls them (on GPUs they beat blocked "
+                        "matmuls at every shape timed; the per-shape trials run on CPUs)")
+
+
+def router(mode: str, device_type: str) -> "FastAttention":
+    """The mode a trainer enters around forward passes for ``engine.attention`` ``mode`` on a
+    ``device_type`` device: auto times SDPA against blocked matmuls on CPUs only
+    (AUTO_ON_ACCELERATORS); an explicit mode is kept."""
+    return FastAttention("sdpa" if mode == "auto" and device_type != "cpu" else mode)
 
 
 class FastAttention(TorchFunctionMode):

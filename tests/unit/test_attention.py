@@ -214,9 +214,6 @@ def test_blocked_mode_runs_under_torch_compile_without_graph_breaks():
 def test_auto_routes_attention_on_cpus_only(device, asked, routed):
     """On accelerators the fused SDPA kernels beat blocked matmuls (an H100 timed 1.6-12x at every
     shape), so auto puts no mode around the forward there; an explicit choice is kept."""
-    from types import SimpleNamespace
+    from tensorpilot.attention import router
 
-    from tensorpilot.training.trainer import Trainer
-
-    router = Trainer._attention_router(SimpleNamespace(device=torch.device(device)), asked)
-    assert router.mode == routed
+    assert router(asked, device).mode == routed

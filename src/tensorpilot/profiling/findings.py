@@ -178,7 +178,7 @@ def attention(step, facts: RunFacts, roofline: list[dict] | None = None) -> Find
                      {"engine.attention": "blocked"})
     if facts.attention_mode != "sdpa" or facts.device_kind != "cpu":
         # auto already chose per shape; blocked was asked for; on an accelerator auto keeps SDPA
-        # (training/trainer.py, ATTENTION_ON_ACCELERATORS), so suggesting it would change nothing
+        # (tensorpilot.attention.router), so suggesting it would change nothing
         return None
     rows = {r["op_class"]: r for r in roofline or ()}
     att, mm = rows.get("attention", {}), rows.get("matmul_conv", {})

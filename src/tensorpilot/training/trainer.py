@@ -28,8 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tensorpilot import modules
-from tensorpilot.attention import FastAttention
+from tensorpilot import attention, modules
 from tensorpilot.config import RunConfig, to_toml
 from tensorpilot.errors import (ConfigError, TensorpilotError, TrainingAborted, exit_at_once, first_line,
                                 user_frame)
@@ -54,12 +53,6 @@ LN2 = math.log(2.0)
 # compile=auto: compiled steps timed (after the compiling one) before they are compared with eager
 COMPILE_PROBE_STEPS = 3
 COMPILE_NOISE = 0.03
-# engine.attention=auto on a GPU: SDPA as the model calls it, no routing mode. On an H100 (torch
-# 2.11) SDPA's fused kernels ran 1.6-12x faster than blocked matmuls at each of the five training
-# shapes auto timed (benchmarks/RESULTS.md, "First GPU lease"); blocked matmuls win only against
-# CPU flash kernels (tensorpilot.attention).
-ATTENTION_ON_ACCELERATORS = ("auto: SDPA's fused kernels, as the model calls them (on GPUs they beat blocked "
-                             "matmuls at every shape timed; the per-shape trials run on CPUs)")
 
 
 def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> None:
@@ -202,10 +195,10 @@ class Trainer:
         self.model = wl.model.to(self.device)
         # every F.scaled_dot_product_attention call of the model goes through this mode while it
         # runs forward (tensorpilot.attention): the faster correct kernel per call shape
-        self.attention = self._attention_router(cfg.engine.attention)
+        self.attention = attention.router(cfg.engine.attention, self.device.type)
         self.plan = self.plan.replace(attention=cfg.engine.attention, why={"attention": {
             "auto": ("auto: SDPA calls timed against blocked matmuls per shape on the first step"
-                     if self.attention.mode == "auto" else ATTENTION_ON_ACCELERATORS),
+                     if self.attention.mode == "auto" else attention.AUTO_ON_ACCELERATORS),
             "blocked": "blocked matmuls wherever they compute the call exactly (as requested)",
             "sdpa": "sdpa: PyTorch's kernels as the model calls them (as requested)"}[cfg.engine.attention]})
         self.host_memory = (engine.retain_freed_host_memory()
@@ -311,7 +304,7 @@ class Trainer:
         if plan.precision != old.precision:
             self._set_precision(precision.choose(plan.precision, self.caps))
         if plan.attention != old.attention:
-            self.attention = self._attention_router(plan.attention)
+            self.attention = attention.router(plan.attention, self.device.type)
         if plan.activation_checkpointing != old.activation_checkpointing:
             if plan.checkpointing:
                 self.ac_blocks, _ = modules.apply_activation_checkpointing(self.model)
@@ -495,12 +488,6 @@ class Trainer:
                    f"{probe['eager_s'] * 1e3:.0f} ms eager per step: back to eager")
             self.apply(self.plan.replace(compile="off", why={"compile": why}))
             self.console.print(f"  compile:   {escape(why)}")
-
-    def _attention_router(self, mode: str) -> FastAttention:
-        """engine.attention=auto times SDPA against blocked matmuls on CPUs only: on an accelerator
-        the fused kernels win (ATTENTION_ON_ACCELERATORS), and the mode would only add its cost
-        to every torch call of the forward."""
-        return FastAttention("sdpa" if mode == "auto" and self.device.type != "cpu" else mode)
 
     def _routing(self):
         """The attention mode around a forward pass; none at all with engine.attention=sdpa (a
