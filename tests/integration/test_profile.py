@@ -119,8 +119,15 @@ def test_two_gloo_processes_wait_for_the_all_reduce(tmp_path):
                    timeout=300)
     r = json.loads(proc.stdout)
     assert r["world_size"] == 2
-    assert kinds(r)[0] == "communication", r["breakdown"]
-    assert r["communication"]["total_s"] > 0
+    # Not asserted first: at 2 samples each matmul streams its whole weight matrix, so the matmul
+    # share scales with the CPU's memory bandwidth like the all-reduce does (15-45 % of the step
+    # on the shared machines, against 40-50 % communication). Asserted: the wait is found, is a
+    # large share, and the findings are ranked by share.
+    comm = next((f for f in r["findings"] if f["kind"] == "communication"), None)
+    assert comm is not None and comm["share_of_step"] >= 0.25, r["breakdown"]
+    shares = [f["share_of_step"] for f in r["findings"]]
+    assert shares == sorted(shares, reverse=True)
+    assert r["communication"]["total_s"] > 0 and comm["flag"].startswith("--engine.grad_accum ")
     assert (tmp_path / "out" / "profile.json").exists()
 
 
