@@ -1212,6 +1212,33 @@ def test_first_generation_flash_kernels_take_twice_the_attention_time_and_the_sa
     assert p1.step_time_s > p2.step_time_s
 
 
+def test_narrow_heads_run_fused_attention_slower_per_flop():
+    """FlashAttention-3's figures 5-6 (H100 SXM5, 16k tokens): head_dim 64 at 0.82-0.90x the
+    head_dim-128 rate forward + backward. The factor is d / (d + 25) over 128 / 153; the same
+    FLOPs in 64-wide heads take 1 / that factor longer, and heads of 128 or wider keep the rate."""
+    from dataclasses import replace
+
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    by_hand = (64 / 89) / (128 / 153)                                  # 0.860
+    assert cal.flash_head_dim_factor(64) == pytest.approx(by_hand)
+    assert cal.flash_head_dim_factor(128) == cal.flash_head_dim_factor(256) == 1.0
+    # the published ratios bracket it: FA2 (324/370, 291/322), FA3 (497/648, 474/561) forward + backward
+    fa2 = 3.5 / (1 / 324 + 2.5 / 291) / (3.5 / (1 / 370 + 2.5 / 322))
+    fa3 = 3.5 / (1 / 497 + 2.5 / 474) / (3.5 / (1 / 648 + 2.5 / 561))
+    assert fa3 < by_hand < fa2
+    # llama2-7b's 32 heads of 128 against the same width in 64 heads of 64: same core FLOPs
+    spec, rates = get_model("llama2-7b"), device_rates(catalog.get("h100-sxm"), "bf16")
+    narrow = replace(spec, heads=64, kv_heads=64)
+    kw = dict(seq_len=4096, micro_batch=1, tp=1, sequence_parallel=False, e=2, attention="flash")
+    wide, thin = tm.layer_times(spec, rates, **kw), tm.layer_times(narrow, rates, **kw)
+    assert thin.attention_fwd_s == pytest.approx(wide.attention_fwd_s / by_hand)
+    assert thin.attention_bwd_s == pytest.approx(wide.attention_bwd_s / by_hand)
+    assert thin.gemm_fwd_s == pytest.approx(wide.gemm_fwd_s)
+
+
 def test_a_pipelined_row_without_a_global_batch():
     """The bubble needs the micro-batch count: a speed row is not modelled, with the reason; a
     memory row takes the smallest batch that fills the pipeline (pp micro-batches in flight,

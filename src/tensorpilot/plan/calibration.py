@@ -107,6 +107,24 @@ FLASH_ATTENTION_PEAK_FRACTION: dict[str, float] = {
 DEFAULT_FLASH_ATTENTION_PEAK_FRACTION = 0.50
 # FlashAttention-2's backward runs 5 matmuls to the forward's 2 (it recomputes the scores).
 FLASH_BACKWARD_RATIO = 2.5
+# The rates above are at head_dim 128. A fused kernel does 4d (forward) to 10d (backward) matmul
+# FLOPs per score element against a fixed per-element cost (exp on the special-function units,
+# rescaling, casting P), so its rate at head width d goes as d / (d + d0). On an H100 SXM5 at 16k
+# tokens (Shah et al. 2024, FlashAttention-3, figures 5-6) forward + backward at head_dim 64 runs
+# at 0.90x the head_dim-128 rate with FlashAttention-2 (324 / 370 forward, 291 / 322 backward
+# TFLOP/s; d0 = 17) and 0.82x with FlashAttention-3 (497 / 648, 474 / 561; d0 = 35): d0 = 25,
+# between the two. Wider heads gain with FlashAttention-3 (+17% forward at 256) and lose with
+# FlashAttention-2 (-12%): above 128 the rate is left at the 128 one.
+FLASH_HEAD_DIM_REF = 128
+FLASH_HEAD_DIM_HALF = 25.0
+
+
+def flash_head_dim_factor(head_dim: int) -> float:
+    """A fused attention kernel's rate at ``head_dim`` over its rate at 128 (at most 1)."""
+    if head_dim >= FLASH_HEAD_DIM_REF or head_dim <= 0:
+        return 1.0
+    d0, ref = FLASH_HEAD_DIM_HALF, FLASH_HEAD_DIM_REF
+    return (head_dim / (head_dim + d0)) / (ref / (ref + d0))
 # First-generation fused attention kernels (FlashAttention 1.x, its 2022 Triton port, xformers'
 # cutlass memory-efficient kernel, PyTorch 2.0-2.1's SDPA, which shipped FlashAttention 1) run at
 # this share of the FlashAttention-2 rate: "around 2x speedup compared to FlashAttention" (Dao

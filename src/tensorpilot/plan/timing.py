@@ -2,8 +2,9 @@
 
 Op classes and how each is timed on one device (rates from the catalog x calibration):
 - weight GEMMs: max(FLOPs / (MAMF x size efficiency), bytes / bandwidth, kernel floor);
-- attention core: flash -> FLOPs at the fused-attention rate (backward 2.5x the forward; first-
-  generation kernels, flash1, at half that rate);
+- attention core: flash -> FLOPs at the fused-attention rate, lower for heads narrower than 128
+  (calibration.flash_head_dim_factor; backward 2.5x the forward; first-generation kernels, flash1,
+  at half that rate);
   materialised -> two batched GEMMs per head (memory bound at head_dim 64-128) + softmax/dropout
   traffic over the a x s x s scores;
 - elementwise (norms, residuals, activation, dropout): bytes / bandwidth;
@@ -239,7 +240,8 @@ def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batc
     if attention in FUSED_ATTENTION:
         convention = "causal" if spec.causal else "full"
         flops = attention_core_flops(spec, micro_batch, kv_len, convention, doc_len) / tp * seq_len / kv_len
-        rate = rates.attention_flops_per_s * (cal.FIRST_GEN_FLASH_SPEED if attention == "flash1" else 1.0)
+        rate = rates.attention_flops_per_s * (cal.FIRST_GEN_FLASH_SPEED if attention == "flash1" else 1.0) \
+            * cal.flash_head_dim_factor(spec.head_dim)
         att_f = max(flops / rate, cal.KERNEL_FLOOR_S)
         att_b = cal.FLASH_BACKWARD_RATIO * att_f
     else:
