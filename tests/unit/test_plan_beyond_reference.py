@@ -811,6 +811,27 @@ def test_an_unstated_interleaving_takes_the_fastest_chunk_count():
     assert best > one_f_one_b.tokens_per_s_per_device        # fewer bubble slots
 
 
+def test_a_torchtitan_pipeline_takes_torchtitan_defaults_where_the_row_is_silent():
+    """torchtitan splits a replica's batch into as many micro-batches as pipeline stages and
+    builds 2 stages a rank for a looped schedule unless told otherwise: a silent row is predicted
+    as the row that states those values, not at the fastest completion."""
+    from tensorpilot.plan.validate import _unstated_chunks, predict_row
+
+    titan = "torchtitan (FSDP2 + TP + PP), pipeline micro-batches not stated"
+    # 128 sequences over dp 4: 32 a replica, 4 stages -> 4 micro-batches of 8
+    silent = _row(precision="bf16", recompute="full", micro_batch="", flops_convention=titan)
+    stated = _row(precision="bf16", recompute="full", micro_batch="8", flops_convention=titan)
+    assert predict_row(silent).predicted == pytest.approx(predict_row(stated).predicted)
+    other = _row(precision="bf16", recompute="full", micro_batch="", flops_convention="Megatron-LM")
+    assert predict_row(other).predicted > predict_row(stated).predicted      # more micro-batches, a smaller bubble
+    notes = titan + "; interleaved 1F1B (virtual stages per rank not stated)"
+    assert _unstated_chunks({"flops_convention": notes})
+    two = _row(precision="bf16", recompute="full", micro_batch="8",
+               flops_convention=titan + "; interleaved pipeline (2 chunks)")
+    assert predict_row(_row(precision="bf16", recompute="full", micro_batch="", flops_convention=notes)).predicted \
+        == pytest.approx(predict_row(two).predicted)
+
+
 def test_op_level_selective_checkpointing_by_hand():
     """torchtitan's op SAC: Llama 3 8B re-runs K (4096 x 1024), the output projection (4096 x 4096)
     and the up projection (4096 x 14336) of every block -- the 2nd, 4th and 6th of its 7 linears --

@@ -30,7 +30,8 @@ How a row becomes a prediction, with every rule stated (none is per row):
   and accelerate print under that name); GiB = 2^30; % for MFU; GPU-hours, s/min/h/days, kWh/MWh.
 - a blank recompute in a stated layout: the fastest that fits (none, selective, full; NeMo's and
   Megatron-Bridge's recipes: full recomputation of the fewest blocks that fit).
-- a blank micro_batch is 1; 'interleaved pipeline (N chunks)', 'virtual pipeline N', 'VP N' or
+- a blank micro_batch is 1 (in a stated layout the fastest that fits; torchtitan pipelines: its
+  default of one micro-batch a stage); 'interleaved pipeline (N chunks)', 'virtual pipeline N', 'VP N' or
   virtual_pipeline_model_parallel_size N in flops_convention selects the interleaved schedule; a
   pipelined row without a global batch has no bubble to predict (speed metrics: not modelled;
   memory: the smallest batch that fills the pipeline).
@@ -752,16 +753,31 @@ def _layout_stated(row) -> bool:
     return any(_text(row, k) for k in ("tp", "pp", "dp", "micro_batch")) or bool(sharding) and "not stated" not in sharding
 
 
+# an interleaved schedule whose chunk count the notes leave out, as they write it: "interleaved
+# (virtual stages not stated)", "interleaved 1F1B (virtual stages per rank not stated)",
+# "interleaved 1f1b (virtual pipeline; chunk count not stated)"
+_UNSTATED_CHUNKS = re.compile(r"virtual stages not stated|interleaved[^.;]{0,40}\((?:virtual stages?|virtual pipeline|"
+                              r"chunks?)[^)]{0,30}not stated")
+
+
+# torchtitan's pipeline defaults where a row leaves them out (torchtitan's job config,
+# experimental.pipeline_parallel_microbatches: "The default value will be the number of pipeline
+# stages, if unspecified"; a looped schedule such as interleaved 1F1B without split points builds
+# 2 stages a rank). Its 2025 releases moved to a micro-batch size (default 1); rows that say so
+# state their micro-batch.
+_TORCHTITAN = re.compile(r"\btorchtitan\b")
+
+
 def _unstated_chunks(row) -> bool:
-    """The row's notes say "interleaved (virtual stages not stated)"."""
-    return "virtual stages not stated" in _text(row, "flops_convention").lower()
+    """The row's notes name an interleaved schedule and say its chunk count is not stated."""
+    return bool(_UNSTATED_CHUNKS.search(_text(row, "flops_convention").lower()))
 
 
 def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
     """A stated layout whose micro-batch, recomputation or sequence parallelism the row leaves
     blank: the fastest completion that fits (runs were tuned). Micro-batches are the divisors of
     the per-replica batch (no accumulation, when it fits, is what frameworks do by default; a
-    pipeline wants many small ones); recomputation none, selective or full -- for NeMo's and
+    pipeline wants many small ones; a torchtitan pipeline takes its defaults, _TORCHTITAN); recomputation none, selective or full -- for NeMo's and
     Megatron-Bridge's performance recipes full of the fewest blocks a chunk that fit
     (predict.least_recompute), as their recommended configs set it (NeMo scripts/performance/
     recommended_model_configs: recompute_layers, activation_offload_layers; 0 for most layouts);
@@ -782,17 +798,22 @@ def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
                  if rest % c == 0 and (spec.heads // layout.tp) % c == 0 and setup.seq_len % c == 0
                  and batched.global_batch % (rest // c * layout.micro_batch) == 0] or cases
 
+    titan = layout.pp > 1 and bool(_TORCHTITAN.search(_text(row, "flops_convention").lower()))
+
     def micro_batches(lo, s) -> list[int]:
         per_replica = s.global_batch // lo.dp
-        return [lo.micro_batch] if _text(row, "micro_batch") else \
-            [mb for mb in range(1, per_replica + 1) if per_replica % mb == 0]
+        if _text(row, "micro_batch"):
+            return [lo.micro_batch]
+        if titan and per_replica % lo.pp == 0:
+            return [per_replica // lo.pp]           # torchtitan's default: as many micro-batches as stages
+        return [mb for mb in range(1, per_replica + 1) if per_replica % mb == 0]
 
     recs = [layout.recompute] if _text(row, "recompute") else ["none", "selective", "full"]
     sps = [False, True] if layout.tp > 1 and _sequence_parallel(row) is None else [layout.sequence_parallel]
     # an interleaved schedule without its chunk count: 2 chunks a rank up to one layer a chunk
     chunks = [layout.virtual_stages]
     if layout.schedule == "interleaved" and _unstated_chunks(row):
-        chunks = list(range(2, spec.layers // layout.pp + 1)) or [1]
+        chunks = [2] if titan else list(range(2, spec.layers // layout.pp + 1)) or [1]
     # the run happened, so it fitted the device: the planner's safety margin (kept free for what
     # no model predicts) is advice for new plans, not a bound on a published one
     def fits(p) -> bool:
