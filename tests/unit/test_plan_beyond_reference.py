@@ -390,6 +390,10 @@ def test_a_bridged_pcie_pair_talks_over_pcie_beyond_the_bridge(tmp_path, monkeyp
     assert tm.group_link(pcie, 4, 1) == (gen4, cal.ALPHA_INTRA_S)       # DDP over 4 cards: PCIe
     assert tm.group_link(pcie, 2, 2)[0] == gen4                         # pairs of a tp=2 layout
     assert tm.group_link(pcie, 16, 1) == (gen4, cal.ALPHA_INTER_S)      # two hosts: still PCIe-bound
+    # GeForce RTX 3090's NVLink bridge (112.5 GB/s) joins a pair too: 8 cards all-reduce over PCIe
+    geforce = device_rates(catalog.get("rtx-3090"), "bf16")
+    assert tm.group_link(geforce, 2, 1)[0] == 112.5e9 / 2 * 0.8
+    assert tm.group_link(geforce, 8, 1) == (gen4, cal.ALPHA_INTRA_S)
     # a user's 4-way bridged board says so in a hardware file
     f = tmp_path / "nvl4.toml"
     f.write_text('[accelerator.h200-nvl-4way]\nbase = "h200-nvl"\nlink_domain_gpus = 4\n'
