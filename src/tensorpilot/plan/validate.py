@@ -31,8 +31,8 @@ How a row becomes a prediction, with every rule stated (none is per row):
 - a blank recompute in a stated layout: the fastest that fits (none, selective, full; NeMo's and
   Megatron-Bridge's recipes: full recomputation of the fewest blocks that fit).
 - a blank micro_batch is 1 (in a stated layout the fastest that fits; torchtitan pipelines: its
-  default of one micro-batch a stage); 'interleaved pipeline (N chunks)', 'virtual pipeline N', 'VP N' or
-  virtual_pipeline_model_parallel_size N in flops_convention selects the interleaved schedule; a
+  default of one micro-batch a stage); 'interleaved pipeline (N chunks)', 'virtual pipeline N',
+  'VP N' or virtual_pipeline_model_parallel_size N in flops_convention selects the interleaved schedule; a
   pipelined row without a global batch has no bubble to predict (speed metrics: not modelled;
   memory: the smallest batch that fills the pipeline).
 
@@ -763,8 +763,9 @@ _UNSTATED_CHUNKS = re.compile(r"virtual stages not stated|interleaved[^.;]{0,40}
 # torchtitan's pipeline defaults where a row leaves them out (torchtitan's job config,
 # experimental.pipeline_parallel_microbatches: "The default value will be the number of pipeline
 # stages, if unspecified"; a looped schedule such as interleaved 1F1B without split points builds
-# 2 stages a rank). Its 2025 releases moved to a micro-batch size (default 1); rows that say so
-# state their micro-batch.
+# 2 stages a rank). Its 2025 releases count micro-batches from a micro-batch size instead (default
+# 1): a row of those releases that leaves the micro-batch out is not told apart, and gets the older
+# default.
 _TORCHTITAN = re.compile(r"\btorchtitan\b")
 
 
@@ -777,9 +778,9 @@ def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
     """A stated layout whose micro-batch, recomputation or sequence parallelism the row leaves
     blank: the fastest completion that fits (runs were tuned). Micro-batches are the divisors of
     the per-replica batch (no accumulation, when it fits, is what frameworks do by default; a
-    pipeline wants many small ones; a torchtitan pipeline takes its defaults, _TORCHTITAN); recomputation none, selective or full -- for NeMo's and
-    Megatron-Bridge's performance recipes full of the fewest blocks a chunk that fit
-    (predict.least_recompute), as their recommended configs set it (NeMo scripts/performance/
+    pipeline wants many small ones; a torchtitan pipeline takes its defaults, _TORCHTITAN);
+    recomputation none, selective or full -- for NeMo's and Megatron-Bridge's performance recipes
+    full of the fewest blocks a chunk that fit (predict.least_recompute), as their recommended configs set it (NeMo scripts/performance/
     recommended_model_configs: recompute_layers, activation_offload_layers; 0 for most layouts);
     sequence parallelism off or on where the notes say it is not stated. None fits: the first,
     which the row then reports as not fitting."""
