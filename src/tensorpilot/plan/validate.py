@@ -760,15 +760,6 @@ _UNSTATED_CHUNKS = re.compile(r"virtual stages not stated|interleaved[^.;]{0,40}
                               r"chunks?)[^)]{0,30}not stated")
 
 
-# torchtitan's pipeline defaults where a row leaves them out (torchtitan's job config,
-# experimental.pipeline_parallel_microbatches: "The default value will be the number of pipeline
-# stages, if unspecified"; a looped schedule such as interleaved 1F1B without split points builds
-# 2 stages a rank). Its 2025 releases count micro-batches from a micro-batch size instead (default
-# 1): a row of those releases that leaves the micro-batch out is not told apart, and gets the older
-# default.
-_TORCHTITAN = re.compile(r"\btorchtitan\b")
-
-
 def _unstated_chunks(row) -> bool:
     """The row's notes name an interleaved schedule and say its chunk count is not stated."""
     return bool(_UNSTATED_CHUNKS.search(_text(row, "flops_convention").lower()))
@@ -778,7 +769,7 @@ def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
     """A stated layout whose micro-batch, recomputation or sequence parallelism the row leaves
     blank: the fastest completion that fits (runs were tuned). Micro-batches are the divisors of
     the per-replica batch (no accumulation, when it fits, is what frameworks do by default; a
-    pipeline wants many small ones; a torchtitan pipeline takes its defaults, _TORCHTITAN);
+    pipeline wants many small ones; a torchtitan pipeline takes torchtitan's defaults);
     recomputation none, selective or full -- for NeMo's and Megatron-Bridge's performance recipes
     full of the fewest blocks a chunk that fit (predict.least_recompute), as their recommended configs set it (NeMo scripts/performance/
     recommended_model_configs: recompute_layers, activation_offload_layers; 0 for most layouts);
@@ -799,7 +790,12 @@ def _completed_plan(row, spec: ModelSpec, acc, layout, setup):
                  if rest % c == 0 and (spec.heads // layout.tp) % c == 0 and setup.seq_len % c == 0
                  and batched.global_batch % (rest // c * layout.micro_batch) == 0] or cases
 
-    titan = layout.pp > 1 and bool(_TORCHTITAN.search(_text(row, "flops_convention").lower()))
+    # torchtitan's pipeline defaults where a row leaves them out (its job config,
+    # experimental.pipeline_parallel_microbatches: "The default value will be the number of
+    # pipeline stages, if unspecified"; a looped schedule such as interleaved 1F1B without split
+    # points builds 2 stages a rank). Its 2025 releases count micro-batches from a micro-batch size
+    # instead (default 1): a row of those releases that leaves it out is not told apart.
+    titan = layout.pp > 1 and _source_names(row, ("torchtitan",))
 
     def micro_batches(lo, s) -> list[int]:
         per_replica = s.global_batch // lo.dp

@@ -61,8 +61,9 @@ def predict_run(model: nn.Module, batch: Any, loss_fn: Callable, *, name: str, o
     inputs = x if isinstance(x, (tuple, list, dict)) else (x,)
     precision = {"bfloat16": "bf16", "float16": "fp16"}.get(autocast or "", "fp32")
     try:
-        trace = trace_step(model, _fake_like((inputs, y), device.type), loss_fn, planner.optimizer_factory(optimizer, device.type),
-                           device=device.type, autocast_dtype=getattr(torch, autocast) if autocast else None,
+        trace = trace_step(model, _fake_like((inputs, y), device.type), loss_fn,
+                           planner.optimizer_factory(optimizer, device.type), device=device.type,
+                           autocast_dtype=getattr(torch, autocast) if autocast else None,
                            clip_grad_norm=clip_grad_norm)
         plan = planner.plan_local(trace, None, batch_size=micro_batch, precision=precision, optimizer=optimizer,
                                   device=str(device), n_devices=n_devices, sharding=sharding, grad_accum=grad_accum,
