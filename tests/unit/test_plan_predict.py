@@ -21,12 +21,18 @@ H100 = catalog.get("h100-sxm")
 SETUP = TrainSetup(seq_len=8192, global_batch=16)
 
 
-def test_validation_meets_accuracy_goal():
-    from tensorpilot.plan.validate import validate_file
+def reference_rows(tmp_path: Path, prefix: bytes = b"") -> Path:
+    """The file's 43 reference rows (its first) as a CSV of their own, ``prefix`` before the header:
+    without --anchor every row is predicted on its own, so they predict as in the whole file."""
+    path = tmp_path / "reference.csv"
+    path.write_bytes(prefix + b"".join(REFERENCE.read_bytes().splitlines(keepends=True)[:44]))
+    return path
 
-    from tensorpilot.plan.validate import summarize
 
-    results = [r for r in validate_file(REFERENCE)[0] if r.split == "reference"]
+def test_validation_meets_accuracy_goal(tmp_path):
+    from tensorpilot.plan.validate import summarize, validate_file
+
+    results = [r for r in validate_file(reference_rows(tmp_path))[0] if r.split == "reference"]
     summary = summarize(results)
     assert len(results) == 43 and all(r.predicted is not None for r in results)
     # issue 4: median absolute error <= 10% on step-time/throughput rows and on memory rows
@@ -342,10 +348,8 @@ def test_validation_file_with_a_byte_order_mark(tmp_path):
     # spreadsheets save CSV as UTF-8 with a BOM; the first column must still read as 'id'
     from tensorpilot.plan.validate import validate_file
 
-    path = tmp_path / "runs.csv"
-    path.write_bytes(b"\xef\xbb\xbf" + REFERENCE.read_bytes())
-    results, _ = validate_file(path)
-    assert results[0].id == "MEG-01" and all(r.predicted is not None for r in results if r.split == "reference")
+    results, _ = validate_file(reference_rows(tmp_path, prefix=b"\xef\xbb\xbf"))
+    assert results[0].id == "MEG-01" and len(results) == 43 and all(r.predicted is not None for r in results)
 
 
 def test_validation_file_from_a_comma_decimal_spreadsheet(tmp_path):
