@@ -79,10 +79,14 @@ def test_plan_measured_step_round_trips_through_stack_efficiency(capsys):
 
     base = ["plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--sharding", "fsdp",
             "--seq-len", "4096", "--global-batch", "64", "--recompute", "full", "--json"]
+    assert main(base) == 0                       # unanchored: the blind error and the flag that narrows it
+    assert any(n.startswith("expect misses:") and "--measured-step-s" in n
+               for n in json.loads(capsys.readouterr().out)["notes"])
     assert main(base + ["--measured-step-s", "9.0"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["step_time_s"] == pytest.approx(9.0, rel=2e-3)
     eff = float(plan["notes"][0].split("stack efficiency ")[1].split(":")[0])
+    assert not any(n.startswith("expect misses:") for n in plan["notes"])
     assert main(base + ["--stack-efficiency", str(eff)]) == 0
     assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(9.0, rel=5e-3)
     # tokens a second over all devices: 64 x 4096 tokens in 9 s
@@ -272,3 +276,20 @@ def test_a_solved_share_is_said_once_the_same_way():
     host = sentence(Anchor(4.0, False, "host_efficiency"), "this run", 0.01, " (why)")
     assert "op-dispatch rate" in host and "--host-efficiency 4 " in host
     assert host.endswith("; no share reproduces the measurement (why), so it is clamped")
+
+
+def test_the_stated_blind_error_is_the_one_the_blind_passes_recorded():
+    # every row line of benchmarks/results/holdout*_blind.md: | id | metric | published | predicted | error | note |
+    import re
+    import statistics
+    from pathlib import Path
+
+    from tensorpilot.plan import anchor
+
+    row = re.compile(r"^\| [^|]+ \| [^|]+ \| [^|]+ \| [^|]+ \| ([+-][0-9.]+)% \|")
+    files = sorted((Path(__file__).parents[2] / "benchmarks" / "results").glob("holdout*_blind.md"))
+    errors = [abs(float(m.group(1))) for f in files for m in map(row.match, f.read_text().splitlines()) if m]
+    assert len(files) >= 40 and len(errors) == anchor.BLIND_RUNS
+    assert round(statistics.median(errors) / 100, 3) == anchor.BLIND_MEDIAN_ABS_ERROR
+    assert round(sum(e <= 10 for e in errors) / len(errors), 2) == anchor.BLIND_WITHIN_10
+    assert f"half were predicted within {anchor.BLIND_MEDIAN_ABS_ERROR:.0%}" in anchor.expected_error_sentence()

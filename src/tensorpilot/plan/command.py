@@ -344,6 +344,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = predict(spec, acc, layout, setup)
     if anchor:
         plan.notes.insert(0, anchor)
+    elif (setup.stack_efficiency, setup.host_efficiency) == (1.0, 1.0):
+        from tensorpilot.plan.anchor import expected_error_sentence
+
+        plan.notes.append(expected_error_sentence())
     if args.json:
         print(_json(plan.to_dict()))
     else:
