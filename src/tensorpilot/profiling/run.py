@@ -261,26 +261,20 @@ def _peak_memory(trainer, prof) -> tuple[int | None, str]:
 
 def _trace(trainer) -> tuple[list, str | None]:
     """The traced step's ops (observe/trace.py, fake tensors: no memory, no compute), or why not."""
-    import torch
-
     from tensorpilot.errors import first_line
-    from tensorpilot.modelplan.planner import optimizer_factory
-    from tensorpilot.observe.trace import TraceError, trace_step
+    from tensorpilot.observe.trace import TraceError
     from tensorpilot.training import loader
-    from tensorpilot.training.predicted import _fake_like
+    from tensorpilot.training.predicted import trace_run_step
 
     if trainer.par.active and (trainer.plan.layout.tp > 1 or trainer.plan.layout.pp > 1):
         return [], "tensor- and pipeline-parallel steps are not traced"
     wl, plan = trainer.workload, trainer.plan
     # one micro-batch as the run sees it, first sample on (its shapes and dtypes only are used)
-    x, y = next(iter(loader.make_loader(wl.train_data, plan.micro_batch, 0, 0, False, trainer.cfg.train.seed)))
-    inputs = x if isinstance(x, (tuple, list, dict)) else (x,)
-    auto = trainer.choice.autocast
+    batch = next(iter(loader.make_loader(wl.train_data, plan.micro_batch, 0, 0, False, trainer.cfg.train.seed)))
     try:
-        trace = trace_step(trainer.model, _fake_like((inputs, y), trainer.device.type), wl.loss,
-                           optimizer_factory(trainer.optim_cfg.name, trainer.device.type),
-                           device=trainer.device.type, autocast_dtype=getattr(torch, auto) if auto else None,
-                           clip_grad_norm=bool(trainer.cfg.optim.grad_clip))
+        trace = trace_run_step(trainer.model, batch, wl.loss, optimizer=trainer.optim_cfg.name,
+                               device=trainer.device.type, autocast=trainer.choice.autocast,
+                               clip_grad_norm=bool(trainer.cfg.optim.grad_clip))
     except TraceError as exc:
         return [], f"the step could not be traced ({first_line(exc, 160)})"
     except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:

@@ -47,6 +47,21 @@ def _fake_like(batch: Any, device: str = "cpu") -> Callable[[], tuple[Any, Any]]
     return lambda: walk(batch)
 
 
+def trace_run_step(model: nn.Module, batch: Any, loss_fn: Callable, *, optimizer: str, device: str,
+                   autocast: str | None, clip_grad_norm: bool):
+    """One step of the run as configured, traced on fake tensors (observe/trace.py: no memory, no
+    compute): ``batch`` is one of the run's (inputs, targets) micro-batches, of which only shapes and
+    dtypes are used; ``autocast`` a torch dtype name. Raises TraceError, or what an op raised."""
+    from tensorpilot.modelplan.planner import optimizer_factory
+    from tensorpilot.observe.trace import trace_step
+
+    x, y = batch
+    inputs = x if isinstance(x, (tuple, list, dict)) else (x,)
+    return trace_step(model, _fake_like((inputs, y), device), loss_fn, optimizer_factory(optimizer, device),
+                      device=device, autocast_dtype=getattr(torch, autocast) if autocast else None,
+                      clip_grad_norm=clip_grad_norm)
+
+
 def predict_run(model: nn.Module, batch: Any, loss_fn: Callable, *, name: str, optimizer: str, device: torch.device,
                 autocast: str | None, micro_batch: int, grad_accum: int, n_devices: int, sharding: str,
                 tokens_per_sample: int | None, clip_grad_norm: bool = True) -> RunPrediction:
@@ -55,16 +70,12 @@ def predict_run(model: nn.Module, batch: Any, loss_fn: Callable, *, name: str, o
     from tensorpilot.modelplan import planner
     from tensorpilot.modelplan.costs import local_costs
     from tensorpilot.modelplan.predict import class_times, op_class_group
-    from tensorpilot.observe.trace import TraceError, trace_step
+    from tensorpilot.observe.trace import TraceError
 
-    x, y = batch
-    inputs = x if isinstance(x, (tuple, list, dict)) else (x,)
     precision = {"bfloat16": "bf16", "float16": "fp16"}.get(autocast or "", "fp32")
     try:
-        trace = trace_step(model, _fake_like((inputs, y), device.type), loss_fn,
-                           planner.optimizer_factory(optimizer, device.type), device=device.type,
-                           autocast_dtype=getattr(torch, autocast) if autocast else None,
-                           clip_grad_norm=clip_grad_norm)
+        trace = trace_run_step(model, batch, loss_fn, optimizer=optimizer, device=device.type, autocast=autocast,
+                               clip_grad_norm=clip_grad_norm)
         plan = planner.plan_local(trace, None, batch_size=micro_batch, precision=precision, optimizer=optimizer,
                                   device=str(device), n_devices=n_devices, sharding=sharding, grad_accum=grad_accum,
                                   name=name, tokens_per_sample=tokens_per_sample,
