@@ -167,11 +167,15 @@ AUTO_ON_ACCELERATORS = ("auto: SDPA's fused kernels, as the model calls them (on
                         "matmuls at every shape timed; the per-shape trials run on CPUs)")
 
 
+def resolved_mode(mode: str, device_type: str) -> str:
+    """The mode ``engine.attention`` ``mode`` runs as on a ``device_type`` device: auto times SDPA
+    against blocked matmuls on CPUs only (AUTO_ON_ACCELERATORS); an explicit mode is kept."""
+    return "sdpa" if mode == "auto" and device_type != "cpu" else mode
+
+
 def router(mode: str, device_type: str) -> "FastAttention":
-    """The mode a trainer enters around forward passes for ``engine.attention`` ``mode`` on a
-    ``device_type`` device: auto times SDPA against blocked matmuls on CPUs only
-    (AUTO_ON_ACCELERATORS); an explicit mode is kept."""
-    return FastAttention("sdpa" if mode == "auto" and device_type != "cpu" else mode)
+    """The mode a trainer enters around forward passes (resolved_mode)."""
+    return FastAttention(resolved_mode(mode, device_type))
 
 
 class FastAttention(TorchFunctionMode):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from tensorpilot.plan.limits import MAX_STACK_EFFICIENCY
 
-__all__ = ["BLIND_MEDIAN_ABS_ERROR", "BLIND_RUNS", "BLIND_WITHIN_10", "MIN_STACK_EFFICIENCY", "PARTS", "RATES",
+__all__ = ["BLIND_MEDIAN_ABS_ERROR", "BLIND_RUNS", "BLIND_WITHIN_10", "BOUND", "MIN_STACK_EFFICIENCY", "PARTS", "RATES",
            "Anchor", "anchor_part", "expected_error_sentence", "sentence", "solve_efficiency", "solve_part",
            "stack_efficiency"]
 
@@ -51,6 +51,8 @@ MAX_STEPS = 12
 PARTS = ("stack_efficiency", "host_efficiency")
 # the planner's rates each part is a share of, as messages name them
 RATES = {"stack_efficiency": "kernel rates", "host_efficiency": "op-dispatch rate"}
+# what sets a step that part is solved on, where the rates' name does not say it
+BOUND = {"stack_efficiency": "", "host_efficiency": " (the step waits for the host)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +144,7 @@ def sentence(found: Anchor, subject: str, measured_step_s: float, clamped_becaus
     plans; a clamped one says so (``clamped_because``: why no share reproduces it)."""
     flag = "--" + found.part.replace("_", "-")
     said = (f"{found.part.replace('_', ' ')} {found.efficiency:.3g}: the share of the planner's {RATES[found.part]}"
-            f"{' (the step waits for the host)' if found.part == 'host_efficiency' else ''} "
+            f"{BOUND[found.part]} "
             f"at which {subject} steps in the measured {measured_step_s:,.4g} s (pass {flag} {found.efficiency:.3g} "
             "to plan other runs of this stack)")
     if not found.reached:

@@ -176,9 +176,11 @@ def attention(step, facts: RunFacts, roofline: list[dict] | None = None) -> Find
                      "route SDPA calls to tensorpilot's blocked matmuls (engine.attention blocked): the same "
                      "result, dropout included, without computing the masked half of causal scores",
                      {"engine.attention": "blocked"})
-    if facts.attention_mode != "sdpa" or facts.device_kind != "cpu":
-        # auto already chose per shape; blocked was asked for; on an accelerator auto keeps SDPA
-        # (tensorpilot.attention.router), so suggesting it would change nothing
+    from tensorpilot.attention import resolved_mode
+
+    if facts.attention_mode != "sdpa" or resolved_mode("auto", facts.device_kind) == "sdpa":
+        # auto already chose per shape; blocked was asked for; where auto runs as SDPA (on an
+        # accelerator), suggesting it would change nothing
         return None
     rows = {r["op_class"]: r for r in roofline or ()}
     att, mm = rows.get("attention", {}), rows.get("matmul_conv", {})
