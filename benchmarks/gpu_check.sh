@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA paths of tensorpilot, exercised in one short lease of a single GPU (docs/support-matrix.md
 # records what each step showed). Every step has its own time limit and the script a deadline, so a
-# step that fails or hangs costs its limit and the later steps still run; the most valuable come first.
+# step that fails or hangs costs its limit and the later steps still run; the most valuable come first
+# (those a deadline under ~700 s skips were verified on the first lease).
 #
 #   OUT=/tmp/gpu-check bash benchmarks/gpu_check.sh [deadline_s]
 #
@@ -48,17 +49,18 @@ keep() {      # keep SRC DEST: copy a result file under $OUT if it exists
 step env 30 bash -c "nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv;
   $PY -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))';
   $PY -m pip list 2>/dev/null | grep -iE '^(torch|timm|transformers|accelerate|lightning|nvidia-ml-py|fastapi|uvicorn|torchao) '"
-# detection, datasheet peaks, measured ceilings (matmul per dtype, copy, pageable/pinned host<->device)
-step hw 20 $TP hw
-step hw-probe 90 bash -c "$TP hw --probe --allreduce-procs 0 --json > $OUT/hw.json && $TP hw --probe --allreduce-procs 0"
+# planned before running vs measured: models nobody here wrote, eager and torch.compile'd, against the
+# predictions committed in benchmarks/results/compiled_planned.json before the lease
+step compiled-steps 300 $PY benchmarks/compiled_steps.py measure --out "$OUT/compiled_measured.json" \
+    --models vit_base,resnet50,hf_gpt2,convnext_tiny,nanogpt,hf_llama --limit-s 110
 # the main job as a user types it: built-in default, device/precision/compile chosen automatically
 step train-default 120 $TP train --run-dir "$RUNS/default"
 keep "$RUNS/default/summary.json" train_default.json
-# fp16 with GradScaler, a larger model, eager
-step train-fp16 60 $TP train --size small --precision fp16 --compile off --steps 60 --run-dir "$RUNS/fp16" --logging.progress lines
-keep "$RUNS/fp16/summary.json" train_fp16.json
-# resume on the GPU from the fp16 run's checkpoint (atomic safetensors + weights_only state)
-step train-resume 45 $TP train --resume "$RUNS/fp16" --steps 80 --logging.progress lines
+# the traced step's device-time breakdown (kernels only, cuBLAS's nvjet GEMMs as matmuls)
+step profile 60 $TP profile --size small --steps 30 --run-dir "$RUNS/profile"
+# detection, datasheet peaks, measured ceilings (matmul per dtype, copy, pageable/pinned host<->device)
+step hw 20 $TP hw
+step hw-probe 90 bash -c "$TP hw --probe --allreduce-procs 0 --json > $OUT/hw.json && $TP hw --probe --allreduce-procs 0"
 # serving the default run on the GPU over loopback: readiness, a greedy generate, a malformed body
 cat > "$RUNS/serve_check.py" <<'PYEOF'
 import json, signal, subprocess, sys, time, urllib.error, urllib.request
@@ -92,18 +94,22 @@ out, _ = srv.communicate(timeout=30)
 print("server exit", srv.returncode); print(out[-2500:])
 PYEOF
 step serve 75 $PY "$RUNS/serve_check.py" "$RUNS/default"
-# choice by prediction and trials: micro-batch finder (OOM-bounded), compile, CUDA graphs
-step train-optimize 100 $TP train --size small --optimize auto --steps 400 --run-dir "$RUNS/opt" --logging.progress lines
-keep "$RUNS/opt/summary.json" train_optimize.json
 # models tensorpilot did not write, against the loops people write (bf16 hand loop, Accelerate,
 # Lightning compiled), each arm in its own process; tensorpilot's summary carries its prediction
 # tp-bf16 is tensorpilot with the bf16 hand loop's exact technique: the engine's own cost on a GPU
-step peers 200 $PY benchmarks/peers.py --device cuda --model nanogpt,hf-llama --steps 200 \
-    --arms bf16,tp-bf16,tensorpilot,lightning --out "$OUT/peers_gpu.json"
+step peers 100 $PY benchmarks/peers.py --device cuda --model nanogpt --steps 200 \
+    --arms bf16,tp-bf16 --out "$OUT/peers_gpu.json"
+# fp16 with GradScaler, a larger model, eager
+step train-fp16 60 $TP train --size small --precision fp16 --compile off --steps 60 --run-dir "$RUNS/fp16" --logging.progress lines
+keep "$RUNS/fp16/summary.json" train_fp16.json
+# resume on the GPU from the fp16 run's checkpoint (atomic safetensors + weights_only state)
+step train-resume 45 $TP train --resume "$RUNS/fp16" --steps 80 --logging.progress lines
+# choice by prediction and trials: micro-batch finder (OOM-bounded), compile, CUDA graphs
+step train-optimize 100 $TP train --size small --optimize auto --steps 400 --run-dir "$RUNS/opt" --logging.progress lines
+keep "$RUNS/opt/summary.json" train_optimize.json
 # precision ladder (fp8 included) and NVML energy through bench's suites
 step bench 90 $TP bench --quick precision energy --device cuda --out "$RUNS/bench"
 keep "$RUNS/bench/bench.json" bench.json
-step profile 60 $TP profile --size small --steps 30 --run-dir "$RUNS/profile"
 (cd "$RUNS" && find . -name 'checkpoint*' -prune -o -type f -size -4M -print | grep -v '^./cache/' \
     | tar -czf "$OUT/runs.tar.gz" -T - 2>/dev/null)
 echo "=== done at ${SECONDS} s; $OUT:"; ls -la "$OUT"

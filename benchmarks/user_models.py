@@ -274,3 +274,27 @@ def nanogpt_gpu() -> nn.Module:
 
 def hf_llama_gpu() -> nn.Module:
     return build("hf-llama", 1024, size="gpu")
+
+
+# timm's ImageNet models at their own size (1000 classes, 3 x 224 x 224: --input-shape 3,224,224)
+def _timm(arch: str) -> nn.Module:
+    _torchvision_importable()
+    import timm
+
+    return timm.create_model(arch, pretrained=False)
+
+
+def vit_base_gpu() -> nn.Module:
+    return _timm("vit_base_patch16_224")
+
+
+def resnet50_gpu() -> nn.Module:
+    return _timm("resnet50")
+
+
+def convnext_tiny_gpu() -> nn.Module:
+    return _timm("convnext_tiny")
+
+
+def hf_gpt2_gpu() -> nn.Module:
+    return build("hf-gpt2", 1024, size="gpu")

@@ -134,6 +134,10 @@ def _cmd_traced(args) -> int:
                          "not: pass the measured step's seconds as --measured-step-s.")
     trace = planner.trace_source(src, batch_size=batch, precision=precision, optimizer=optimizer, loss=loss,
                                  input_shape=shape, input_dtype=dtype)
+    if args.kernels == "fused":                     # the step under torch.compile
+        from tensorpilot.modelplan.fusion import fuse
+
+        trace = fuse(trace)
     stack = {"stack_efficiency": args.stack_efficiency or 1.0, "host_efficiency": args.host_efficiency or 1.0,
              "sharding": args.sharding}
     if args.gpu in (None, "local"):

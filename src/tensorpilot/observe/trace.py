@@ -53,6 +53,11 @@ class OpRecord:
     # per tensor operand read: (bytes, bytes the step touched since that storage was last
     # touched) -- its reuse distance; an operand further back than the cache holds comes from memory
     reads: tuple[tuple[int, int], ...] = ()
+    # the storages it reads (aligned with ``reads``) and writes, each as a serial number unique to one
+    # allocation (an address the allocator reuses gets a new one), and the bytes written to each:
+    # which tensors flow between ops, for modelplan/fusion.py's fused kernels
+    ins: tuple[int, ...] = ()
+    outs: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -171,6 +176,8 @@ class _Recorder(TorchDispatchMode):
         self.node_module: dict[int, str] = {}
         self.clock = 0                              # bytes read + written by the ops so far
         self.touched: dict[int, int] = {}           # storage -> clock at its last read or write
+        self.serial: dict[int, int] = {}            # storage address -> serial of the allocation there
+        self.next_serial = 0
         self.failure: tuple[BaseException, str] | None = None   # the last op that raised, and its module
 
     def _module(self) -> str:
@@ -222,6 +229,24 @@ class _Recorder(TorchDispatchMode):
                 self.touched[k] = self.clock
         return reads
 
+    def _serials(self, ins: list[torch.Tensor],
+                 outs: list[torch.Tensor]) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+        """(serials read, (serial, bytes) written) of a non-view op. An output at an input's address
+        is that input written in place; any other is a new allocation, even where a freed one was."""
+        def address(t) -> int:
+            try:
+                return _storage(t)
+            except (RuntimeError, NotImplementedError):      # no storage (sparse, nested): its own
+                return -id(t)
+
+        def serial(k: int, fresh: bool) -> int:
+            if fresh or k not in self.serial:
+                self.serial[k] = self.next_serial = self.next_serial + 1
+            return self.serial[k]
+        got = tuple(serial(address(t), False) for t in ins)
+        read_at = {address(t) for t in ins}
+        return got, tuple((serial(k, k not in read_at), _nbytes(t)) for t, k in ((t, address(t)) for t in outs))
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         try:
@@ -240,6 +265,7 @@ class _Recorder(TorchDispatchMode):
         view = _is_view(func)
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         reads = () if view else self._touch(ins, outs)  # also before the recorded step: distances span steps
+        ins_s, outs_s = ((), ()) if view else self._serials(ins, outs)
         if not self.on:
             return out
         packet = func.overloadpacket
@@ -266,7 +292,7 @@ class _Recorder(TorchDispatchMode):
         replay = (func, tree_map(_spec, args), tree_map(_spec, kwargs)) \
             if cls != VIEW and name not in NOT_REPLAYABLE else None
         self.ops.append(OpRecord(name, self._module(), self.phase, cls, flops, read, written, dtype, sig, replay,
-                                 reads))
+                                 reads, ins_s, outs_s))
         if cls == CONV and self.live_bytes is not None:
             self.transient_peak = max(self.transient_peak, self.live_bytes() + _onednn_conv_buffers(name, args, out))
         return out

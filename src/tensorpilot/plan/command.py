@@ -118,10 +118,12 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                    help="Fused attention (FlashAttention-2 class: flash-attn 2+, cuDNN, PyTorch 2.2+ SDPA), "
                         "a first-generation fused kernel at half that speed (flash1: flash-attn 1.x, xformers, "
                         "PyTorch 2.0-2.1 SDPA) or materialised s x s scores (default: flash).")
-    t.add_argument("--kernels", default="fused", choices=["fused", "eager"],
+    t.add_argument("--kernels", default=None, choices=["fused", "eager"],
                    help="How norms, activations and rotary embeddings run: fused (torch.compile, Megatron / "
                         "Transformer Engine, XLA) or eager PyTorch, one kernel an op, which moves 2-4x the "
-                        "bytes on a Llama-style block (default: fused).")
+                        "bytes on a Llama-style block (default: fused). A traced model (--model PKG.MOD:FACTORY, "
+                        "timm:NAME, --hf-config) is planned as traced, eagerly, by default; fused plans its step "
+                        "under torch.compile, the memory-bound ops between two matmuls as one kernel.")
     t.add_argument("--loss-kernel", default="whole", choices=["whole", "chunked", "fused"],
                    help="How the loss holds the logits: whole; chunked (torchtune's chunked output loss: fp32 "
                         "one chunk at a time); fused (Liger-Kernel's fused linear cross-entropy, Cut "
@@ -284,7 +286,7 @@ def _setup(args, spec, replicas: int):
             raise UsageError(f"the default global batch, {replicas:,} replicas x --micro-batch {args.micro_batch:,}, "
                              f"exceeds {MAX_SEQUENCES:,} sequences; pass --global-batch.")
     return TrainSetup(seq_len=seq, global_batch=batch, precision=args.precision, optimizer=args.optimizer,
-                      attention=args.attention, kernels=args.kernels, fp8_recipe=args.fp8_recipe,
+                      attention=args.attention, kernels=args.kernels or "fused", fp8_recipe=args.fp8_recipe,
                       grad_dtype=args.grad_dtype, tokens=args.tokens,
                       price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
