@@ -137,3 +137,17 @@ def test_user_hardware_file_end_to_end(tmp_path):
     parts.write_text("[accelerator.h100-96gb-500w\n")
     proc = run_cli("plan", "--hardware-file", str(parts), cwd=tmp_path)
     assert proc.returncode == 2 and "is not TOML" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_traced_model_is_planned_eagerly_by_default_and_compiled_with_kernels_fused(tmp_path):
+    def plan(*extra):
+        return json.loads(run_cli("plan", "--model", "gpt", "--batch-size", "4", "--gpu", "h100-sxm", "--json",
+                                  *extra, cwd=tmp_path, check=True).stdout)
+    default, eager, fused = plan(), plan("--kernels", "eager"), plan("--kernels", "fused")
+    assert default["step_time_s"] == eager["step_time_s"]
+    # the same GEMMs and attention; the memory-bound ops between them fused, views free
+    assert fused["time_breakdown_s"]["compute"] == eager["time_breakdown_s"]["compute"]
+    assert fused["time_breakdown_s"]["memory"] < eager["time_breakdown_s"]["memory"]
+    assert fused["step_time_s"] < eager["step_time_s"]
+    assert fused["memory_bytes"] == eager["memory_bytes"]
+    assert any(n.startswith("compiled: ") for n in fused["notes"])

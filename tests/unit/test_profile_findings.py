@@ -223,6 +223,30 @@ def test_device_timeline_annotations_are_not_kernels():
     assert s.seconds["host_overhead"] == approx(650 * US)
 
 
+class _OldKinetoEvent(_KinetoEvent):
+    """torch 2.11's _KinetoEvent: no activity_type (seen on the H100 lease)."""
+
+    def __getattribute__(self, name):
+        if name == "activity_type":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_events_without_an_activity_type_are_told_apart_by_name():
+    from types import SimpleNamespace
+
+    from tensorpilot.profiling.events import device_kernels
+
+    recorded = [_OldKinetoEvent("tensorpilot.step#0", "gpu_user_annotation", 0, 1000),
+                _OldKinetoEvent("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT", "kernel", 100, 300),
+                _OldKinetoEvent("Memset (Device)", "gpu_memset", 0, 5),
+                _OldKinetoEvent("Stream Sync", "cuda_sync", 500, 400),
+                _OldKinetoEvent("cudaStreamSynchronize", "cuda_sync", 500, 400)]
+    assert not hasattr(recorded[1], "activity_type")
+    prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: recorded)))
+    assert [k.name for k in device_kernels(prof)] == ["Memset (Device)", "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT"]
+
+
 def test_typical_step_is_robust_to_one_descheduled_step():
     def step(mm_us, wall_us):
         return bd.cpu_step(ev("tensorpilot.step#0", 0, wall_us, ev("aten::mm", 0, mm_us)))

@@ -80,6 +80,9 @@ def allocations(prof: Any) -> list[tuple[int, int]]:
 # records: counted as kernels, a step marker made the whole step look like one elementwise
 # kernel (seen on an H100, torch 2.11).
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+# Kineto's CUDA synchronisation records ("Stream Sync", "Context Sync", "Event Sync"; the runtime's
+# cuda*Synchronize names), for events without an activity type
+SYNC_NAMES = ("Sync", "Synchronize")
 
 
 def device_kernels(prof: Any) -> list[Ev]:
@@ -103,7 +106,7 @@ def is_device_work(event: Any) -> bool:
         return False
     kind = getattr(event, "activity_type", None)
     if kind is None:        # torch 2.11's events have no activity type: sync records by their names
-        return not event.name().endswith(" Sync")
+        return not event.name().endswith(SYNC_NAMES) and "Wait Event" not in event.name()
     return kind() in DEVICE_WORK
 
 

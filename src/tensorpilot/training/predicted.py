@@ -24,6 +24,7 @@ class RunPrediction:
     known: dict[str, str] = field(default_factory=dict)    # "aten::addmm" -> calibration class
     raw: dict[str, float] = field(default_factory=dict)    # class seconds before calibration
     why_not: str | None = None
+    compiled: Any = None                     # the same step under torch.compile (modelplan/fusion.py)
 
 
 def _fake_like(batch: Any, device: str = "cpu") -> Callable[[], tuple[Any, Any]]:
@@ -69,6 +70,7 @@ def predict_run(model: nn.Module, batch: Any, loss_fn: Callable, *, name: str, o
     fake tensors cannot run, a device without measured costs)."""
     from tensorpilot.modelplan import planner
     from tensorpilot.modelplan.costs import local_costs
+    from tensorpilot.modelplan.fusion import fuse
     from tensorpilot.modelplan.predict import class_times, op_class_group
     from tensorpilot.observe.trace import TraceError
 
@@ -76,10 +78,13 @@ def predict_run(model: nn.Module, batch: Any, loss_fn: Callable, *, name: str, o
     try:
         trace = trace_run_step(model, batch, loss_fn, optimizer=optimizer, device=device.type, autocast=autocast,
                                clip_grad_norm=clip_grad_norm)
-        plan = planner.plan_local(trace, None, batch_size=micro_batch, precision=precision, optimizer=optimizer,
-                                  device=str(device), n_devices=n_devices, sharding=sharding, grad_accum=grad_accum,
-                                  name=name, tokens_per_sample=tokens_per_sample,
-                                  module_types=planner.trace_types(model), budget_s=20.0)
+        def plan_of(steps):
+            return planner.plan_local(steps, None, batch_size=micro_batch, precision=precision, optimizer=optimizer,
+                                      device=str(device), n_devices=n_devices, sharding=sharding,
+                                      grad_accum=grad_accum, name=name, tokens_per_sample=tokens_per_sample,
+                                      module_types=planner.trace_types(model), budget_s=20.0)
+        plan = plan_of(trace)
+        compiled = plan_of(fuse(trace))
     except TraceError as exc:
         return RunPrediction(why_not=f"the step could not be traced ({first_line(exc, 160)})")
     except (TensorpilotError, RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
@@ -88,17 +93,21 @@ def predict_run(model: nn.Module, batch: Any, loss_fn: Callable, *, name: str, o
 
     costs = local_costs(detect(str(device)), trace.ops, budget_s=0.0)        # all measured above: cached
     known = {"aten::" + o.op.split(".", 1)[1]: op_class_group(o.op_class) for o in trace.ops}
-    return RunPrediction(plan, known, class_times(trace, costs, grad_accum))
+    return RunPrediction(plan, known, class_times(trace, costs, grad_accum), compiled=compiled)
 
 
 def compare(pred: RunPrediction, *, measured_step_s: float | None, measured_peak: int | None,
-            peak_method: str | None) -> dict[str, Any]:
-    """summary.json's "predicted": the plan's step time and peak beside the measured ones."""
+            peak_method: str | None, compiled: bool = False) -> dict[str, Any]:
+    """summary.json's "predicted": the plan's step time and peak beside the measured ones;
+    ``compiled``: the run's step ran under torch.compile, so the compiled plan is the prediction."""
     if pred.plan is None:
         return {"error": pred.why_not}
-    p = pred.plan
+    p = pred.compiled if compiled and pred.compiled is not None else pred.plan
     mem = p.memory_bytes["total"]
-    return {"hardware": p.hardware, "method": "traced step (modelplan): measured op costs on this device",
+    how = "traced step (modelplan): measured op costs on this device"
+    if p is not pred.plan:
+        how += "; compiled: the memory-bound ops between compute ops fused (modelplan/fusion.py)"
+    return {"hardware": p.hardware, "method": how,
             "step_time_s": p.step_time_s, "time_breakdown_s": p.time_breakdown_s,
             "measured_step_time_s": measured_step_s,
             "measured_over_predicted": measured_step_s / p.step_time_s if measured_step_s else None,

@@ -977,7 +977,7 @@ class Trainer:
             return None
         peak, how = self._step_peak
         out = predicted.compare(self.prediction, measured_step_s=measured_step_s, measured_peak=peak,
-                                peak_method=how)
+                                peak_method=how, compiled=self.plan.compiled)
         if self.device.type == "cpu" and measured_step_s and self._step_ops and not self.plan.compiled:
             # CPU op times are the kernels' times; on a GPU the profiler's CPU times are launches
             out["calibration_after"] = predicted.record(self.prediction, str(self.device), self.cfg.model.name,
