@@ -158,7 +158,8 @@ def report(args) -> int:
         for mode in ("eager", "compiled"):
             pl, me = p[mode].get("step_s"), m.get(mode, {}).get("step_s")
             got[mode] = (pl, me)
-            cells += [f"{pl * 1e3:.1f} ms" if pl else "-", f"{me * 1e3:.1f} ms" if me else m.get(mode, {}).get("error", "-"),
+            cells += [f"{pl * 1e3:.1f} ms" if pl else "-",
+                      f"{me * 1e3:.1f} ms" if me else m.get(mode, {}).get("error", "-"),
                       f"{(pl / me - 1) * 100:+.0f}%" if pl and me else "-"]
         (pe, me_), (pc, mc) = got["eager"], got["compiled"]
         cells += [f"{pe / pc:.2f}x" if pe and pc else "-", f"{me_ / mc:.2f}x" if me_ and mc else "-"]
