@@ -16,14 +16,16 @@ ops (``OpRecord.ins`` / ``outs``: one serial per allocation), so a fused region'
               (the next GEMM's input, what backward reads of the forward, a gradient the
               optimizer reads, a state updated in place)
 
-and its kernel count is one. What this leaves out, each small on the models measured so far
-(benchmarks/RESULTS.md, "compiled steps"): a reduction whose result the same region broadcasts
-back (a norm over a row too long for one block) can need a second pass over its input; Inductor
-may split a region into a few kernels (launches, not bytes); its partitioner recomputes cheap
-forward ops in backward rather than saving them, which shrinks memory (not modelled: the
-compiled plan keeps the eager trace's peak) and adds a little traffic. The optimizer runs outside
-the compiled model (``torch.compile(model)``), so its ops stay as they are, and views cost
-nothing once compiled.
+and its kernel count is one, at the device's memory bandwidth like any memory-bound op. What this
+leaves out: a reduction whose result the same region broadcasts back (a norm over a row too long
+for one block) can need a second pass over its input, and one over a non-inner dimension (batch
+norm over N, H, W of NCHW) runs well below bandwidth; Inductor may split a region into a few
+kernels (launches, not bytes); its partitioner recomputes cheap forward ops in backward rather
+than saving them, which shrinks memory (not modelled: the compiled plan keeps the eager trace's
+peak) and adds a little traffic; a run that compiles per block (``tensorpilot train``) leaves the
+ops outside its blocks eager. The optimizer runs outside the compiled model
+(``torch.compile(model)``), so its ops stay as they are, and views cost nothing once compiled.
+Measured against an H100 in benchmarks/RESULTS.md, "Second GPU lease".
 """
 
 from __future__ import annotations
