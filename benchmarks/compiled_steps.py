@@ -64,8 +64,10 @@ def plan(args) -> int:
     return 0
 
 
-def _loop(name: str, compiled: bool, steps: int, warmup: int, device: str = "cuda", batch: int = 0) -> dict:
-    """One model, one mode, in this process: the median of ``steps`` timed steps after ``warmup``."""
+def make_step(name: str, compiled: bool = False, device: str = "cuda", batch: int = 0):
+    """(step, batch size): one training step of model ``name`` as `tensorpilot plan` traces it --
+    bf16 autocast, cross-entropy, gradients clipped to norm 1 with foreach, fused AdamW; the model
+    under torch.compile when ``compiled``."""
     import torch
 
     sys.path.insert(0, str(HERE))
@@ -85,11 +87,6 @@ def _loop(name: str, compiled: bool, steps: int, warmup: int, device: str = "cud
     else:
         x = torch.randn((batch, *dims), device=device)
     fwd = torch.compile(model) if compiled else model
-    cuda = device == "cuda"
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
 
     def step():
         with torch.autocast(device, dtype=torch.bfloat16):
@@ -100,6 +97,19 @@ def _loop(name: str, compiled: bool, steps: int, warmup: int, device: str = "cud
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
+    return step, batch
+
+
+def _loop(name: str, compiled: bool, steps: int, warmup: int, device: str = "cuda", batch: int = 0) -> dict:
+    """One model, one mode, in this process: the median of ``steps`` timed steps after ``warmup``."""
+    import torch
+
+    step, batch = make_step(name, compiled, device, batch)
+    cuda = device == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
     t0 = time.perf_counter()
     step()
     sync()

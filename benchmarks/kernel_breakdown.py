@@ -1,13 +1,17 @@
 """Where a GPU step's device time goes, by kernel class, for models tensorpilot did not write: the
 measurement beside `tensorpilot plan`'s compute / memory split of the same step (compiled_steps.py's
-models and loop, eager).
+models and step, eager).
 
     python benchmarks/kernel_breakdown.py --models resnet50,hf_gpt2 --out breakdown.json
 
 Per model: 3 warm-up steps, then 3 steps under torch.profiler (CUDA activity); each kernel's
-duration summed by class, divided by the steps: GEMMs (cuBLAS / CUTLASS / nvjet), convolutions
-(cuDNN), attention (flash / memory-efficient), copies and fills, everything else (elementwise and
-reductions); plus the busiest kernels and the device's idle share of the step's wall time.
+duration summed by class (`tensorpilot profile`'s classes, profiling/breakdown.kernel_class: GEMMs
+and convolutions together as matmul_conv), divided by the steps; plus the busiest kernels and the
+device's busy time per step. The JSON of the second H100 lease (benchmarks/results/
+gpu_h100_20261127b/breakdown.json) was made by this script at 275ad53, which classed by its own
+name patterns, kept GEMMs (gemm) apart from convolutions (conv), and also summed the optimizer
+step's annotation range that Kineto mirrors onto the device ("Optimizer.step#AdamW.step",
+0.3-1.6 ms a step, counted with the elementwise kernels it spans).
 """
 
 from __future__ import annotations
@@ -22,48 +26,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-CLASSES = (  # first match wins, on the lower-cased kernel name
-    ("attention", ("flash", "fmha", "attention", "efficient_attention")),
-    ("conv", ("conv", "fprop", "dgrad", "wgrad", "implicit_gemm", "winograd", "cudnn")),
-    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_", "splitk", "gemv")),
-    ("copy", ("memcpy", "memset")),
-)
-
-
-def classify(name: str) -> str:
-    low = name.lower()
-    for cls, keys in CLASSES:
-        if any(k in low for k in keys):
-            return cls
-    return "elementwise/reduction"
-
 
 def one(name: str, steps: int = 3) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from compiled_steps import MODELS
-    import user_models
-    from tensorpilot.modelplan.sources import Loss
+    from compiled_steps import make_step
+    from tensorpilot.profiling.breakdown import kernel_class
+    from tensorpilot.profiling.events import device_kernels
 
-    factory, shape, dtype, batch = MODELS[name]
-    torch.manual_seed(0)
-    model = getattr(user_models, factory)().cuda().train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
-    dims = tuple(int(d) for d in shape.split(","))
-    x = torch.randint(0, 256, (batch, *dims), device="cuda") if dtype == "int64" else \
-        torch.randn((batch, *dims), device="cuda")
-    loss_fn = Loss("ce")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(x)
-            loss = loss_fn(out if isinstance(out, torch.Tensor) else out.logits, None)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    step, batch = make_step(name)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -76,14 +48,12 @@ def one(name: str, steps: int = 3) -> dict:
     by_class: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     by_name: dict[str, float] = defaultdict(float)
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        us = e.time_range.elapsed_us()
-        cls = classify(e.name)
+    for k in device_kernels(prof):             # kernels, copies, fills: not annotation ranges
+        us = (k.end_ns - k.start_ns) / 1e3
+        cls = kernel_class(k.name)
         by_class[cls] += us / steps
         count[cls] += 1
-        by_name[e.name[:90]] += us / steps
+        by_name[k.name[:90]] += us / steps
     busy = sum(by_class.values())
     return {"batch_size": batch, "wall_ms": wall * 1e3, "device_busy_ms": busy / 1e3,
             "ms_by_class": {k: v / 1e3 for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},

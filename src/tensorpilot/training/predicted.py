@@ -24,7 +24,8 @@ class RunPrediction:
     known: dict[str, str] = field(default_factory=dict)    # "aten::addmm" -> calibration class
     raw: dict[str, float] = field(default_factory=dict)    # class seconds before calibration
     why_not: str | None = None
-    compiled: Any = None                     # the same step under torch.compile (modelplan/fusion.py)
+    # the same step under torch.compile (modelplan/fusion.py), planned when a run that compiles asks
+    compiled_plan: Callable[[], Any] | None = None
 
 
 def _fake_like(batch: Any, device: str = "cpu") -> Callable[[], tuple[Any, Any]]:
@@ -84,7 +85,6 @@ def predict_run(model: nn.Module, batch: Any, loss_fn: Callable, *, name: str, o
                                       grad_accum=grad_accum, name=name, tokens_per_sample=tokens_per_sample,
                                       module_types=planner.trace_types(model), budget_s=20.0)
         plan = plan_of(trace)
-        compiled = plan_of(fuse(trace))
     except TraceError as exc:
         return RunPrediction(why_not=f"the step could not be traced ({first_line(exc, 160)})")
     except (TensorpilotError, RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
@@ -93,7 +93,7 @@ def predict_run(model: nn.Module, batch: Any, loss_fn: Callable, *, name: str, o
 
     costs = local_costs(detect(str(device)), trace.ops, budget_s=0.0)        # all measured above: cached
     known = {"aten::" + o.op.split(".", 1)[1]: op_class_group(o.op_class) for o in trace.ops}
-    return RunPrediction(plan, known, class_times(trace, costs, grad_accum), compiled=compiled)
+    return RunPrediction(plan, known, class_times(trace, costs, grad_accum), compiled_plan=lambda: plan_of(fuse(trace)))
 
 
 def compare(pred: RunPrediction, *, measured_step_s: float | None, measured_peak: int | None,
@@ -102,7 +102,7 @@ def compare(pred: RunPrediction, *, measured_step_s: float | None, measured_peak
     ``compiled``: the run's step ran under torch.compile, so the compiled plan is the prediction."""
     if pred.plan is None:
         return {"error": pred.why_not}
-    p = pred.compiled if compiled and pred.compiled is not None else pred.plan
+    p = pred.compiled_plan() if compiled and pred.compiled_plan is not None else pred.plan
     mem = p.memory_bytes["total"]
     how = "traced step (modelplan): measured op costs on this device"
     if p is not pred.plan:
