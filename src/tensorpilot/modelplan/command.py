@@ -132,22 +132,24 @@ def _cmd_traced(args) -> int:
     if args.measured_tokens_per_s is not None and not src.tokens_per_sample:
         raise UsageError(f"--measured-tokens-per-s needs a model whose samples are tokens, and {src.name}'s are "
                          "not: pass the measured step's seconds as --measured-step-s.")
+    acc = None if args.gpu in (None, "local") else plan_command.accelerator(args)
+    # a GPU's autocast casts by op lists of its own (observe/gpu_autocast.py)
+    gpu_autocast = planner.autocasts_like_cuda(acc) if acc is not None \
+        else args.device.split(":")[0] in ("cuda", "xpu")
     trace = planner.trace_source(src, batch_size=batch, precision=precision, optimizer=optimizer, loss=loss,
-                                 input_shape=shape, input_dtype=dtype)
+                                 input_shape=shape, input_dtype=dtype, gpu_autocast=gpu_autocast)
     if args.kernels == "fused":                     # the step under torch.compile
         from tensorpilot.modelplan.fusion import fuse
 
         trace = fuse(trace)
     stack = {"stack_efficiency": args.stack_efficiency or 1.0, "host_efficiency": args.host_efficiency or 1.0,
              "sharding": args.sharding}
-    if args.gpu in (None, "local"):
+    if acc is None:
         def make(**given):
             return planner.plan_local(trace, src, batch_size=batch, precision=precision, optimizer=optimizer,
                                       device=args.device, calibrate=not args.no_calibration, n_devices=gpus,
                                       top=args.top_k, **{**stack, **given})
     else:
-        acc = plan_command.accelerator(args)
-
         def make(**given):
             return planner.plan_catalog(trace, src, acc, batch_size=batch, precision=precision, optimizer=optimizer,
                                         n_devices=gpus, top=args.top_k, **{**stack, **given})

@@ -57,9 +57,11 @@ def _inputs(source: ModelSource, input_shape: tuple[int, ...] | None, input_dtyp
 
 def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32", optimizer: str = "adamw",
                  loss: Loss | None = None, input_shape: tuple[int, ...] | None = None,
-                 input_dtype: torch.dtype | None = None, device: str = "cpu", clip_grad_norm: bool = True) -> StepTrace:
+                 input_dtype: torch.dtype | None = None, device: str = "cpu", clip_grad_norm: bool = True,
+                 gpu_autocast: bool = False) -> StepTrace:
     """One step of ``source``'s model traced symbolically, gradients clipped as ``tensorpilot
-    train`` clips them by default; one sentence when it cannot be."""
+    train`` clips them by default; one sentence when it cannot be. ``gpu_autocast``: cast as a
+    GPU's autocast does (a plan of a GPU; ``autocasts_like_cuda``)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}.")
     shape, dtype = _inputs(source, input_shape, input_dtype)
@@ -70,7 +72,8 @@ def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32
     make = batch_maker(shape, dtype, batch_size, source.int_high, device)
     try:
         trace = trace_step(source.model, make, loss, optimizer_factory(optimizer, device.split(":")[0]),
-                           device=device, autocast_dtype=AUTOCAST.get(precision), clip_grad_norm=clip_grad_norm)
+                           device=device, autocast_dtype=AUTOCAST.get(precision), clip_grad_norm=clip_grad_norm,
+                           gpu_autocast=gpu_autocast)
     except TraceError as exc:
         root = type(source.model).__name__
         where = f"module {exc.module!r} ({trace_types(source.model).get(exc.module, '?')})" if exc.module \
@@ -92,6 +95,13 @@ def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32
         trace.notes.append(f"{source.name}'s constructor reads tensor values, so it was built once on the CPU "
                            "(the trace itself ran without memory)")
     return trace
+
+
+def autocasts_like_cuda(acc: Any) -> bool:
+    """Whether ``acc`` (hardware.catalog.Accelerator) runs torch.autocast with CUDA's op lists:
+    CUDA, ROCm (HIP) and XPU register the same ones; Gaudi (HPU) and XLA devices (TPU, Trainium)
+    have lists of their own, and those are not modelled (the CPU's are traced)."""
+    return acc.vendor in ("NVIDIA", "AMD") or (acc.vendor == "Intel" and "gaudi" not in acc.key)
 
 
 def trace_types(model: nn.Module) -> dict[str, str]:

@@ -450,13 +450,14 @@ def trace_step(model: nn.Module, make_batch: Callable[[], tuple[Any, Any]],
                loss_fn: Callable[[torch.Tensor, Any], torch.Tensor],
                make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer], *,
                device: str = "cpu", autocast_dtype: torch.dtype | None = None,
-               clip_grad_norm: bool = False) -> StepTrace:
+               clip_grad_norm: bool = False, gpu_autocast: bool = False) -> StepTrace:
     """Run forward, ``loss_fn``, backward and the optimizer step of ``model`` symbolically.
 
     ``model``: built on the meta device or for real; a meta copy is traced, the model is not
     touched. ``make_batch()`` returns (inputs, targets) and is called inside the fake mode:
     what it creates are fake tensors (inputs: one tensor, or a tuple passed positionally, or a
-    dict passed as keywords). ``autocast_dtype``: run forward and loss under torch.autocast.
+    dict passed as keywords). ``autocast_dtype``: run forward and loss under torch.autocast;
+    ``gpu_autocast``: with a GPU's op lists on the CPU (observe/gpu_autocast.py), for a plan of a GPU.
     Raises TraceError naming the module where an op could not run symbolically."""
     from tensorpilot.observe.flops import meta_copy
 
@@ -464,7 +465,13 @@ def trace_step(model: nn.Module, make_batch: Callable[[], tuple[Any, Any]],
     # warnings the model's code raises are shown once the step traced; a step that failed is
     # reported as one sentence, without them
     with warnings.catch_warnings(record=True) as caught, _quiet_fake_tensor_log():
-        trace = _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, clip_grad_norm)
+        rules = contextlib.nullcontext()
+        if gpu_autocast and autocast_dtype is not None and device.split(":")[0] == "cpu":
+            from tensorpilot.observe.gpu_autocast import gpu_rules
+
+            rules = gpu_rules()
+        with rules:
+            trace = _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, clip_grad_norm)
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
     return trace
