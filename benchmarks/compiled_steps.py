@@ -36,6 +36,12 @@ MODELS = {
     "hf_gpt2": ("hf_gpt2_gpu", "1024", "int64", 16),
     "nanogpt": ("nanogpt_gpu", "1024", "int64", 16),
     "hf_llama": ("hf_llama_gpu", "1024", "int64", 16),
+    # added for the third lease, planned (benchmarks/results/compiled_planned_c.json) before any GPU ran them
+    "efficientnet_b0": ("efficientnet_b0_gpu", "3,224,224", "float32", 128),
+    "mobilenetv3": ("mobilenetv3_gpu", "3,224,224", "float32", 128),
+    "swin_tiny": ("swin_tiny_gpu", "3,224,224", "float32", 64),
+    "hf_bert": ("hf_bert_gpu", "512", "int64", 32),
+    "hf_pythia": ("hf_pythia_gpu", "1024", "int64", 16),
 }
 KERNELS = {"eager": "eager", "compiled": "fused"}
 
@@ -45,7 +51,8 @@ def plan(args) -> int:
            "command": "tensorpilot plan --model user_models:FACTORY --input-shape S --input-dtype D --batch-size B "
                       f"--precision bf16 --gpu {args.gpu} --kernels eager|fused --json (run from benchmarks/)",
            "models": {}}
-    for name, (factory, shape, dtype, batch) in MODELS.items():
+    for name in (args.models.split(",") if args.models else MODELS):
+        factory, shape, dtype, batch = MODELS[name]
         row = {"factory": factory, "input_shape": shape, "input_dtype": dtype, "batch_size": batch}
         for mode, kernels in KERNELS.items():
             cmd = [sys.executable, "-m", "tensorpilot", "plan", "--model", f"user_models:{factory}", "--input-shape",
@@ -190,6 +197,7 @@ def main() -> int:
     p = sub.add_parser("plan")
     p.add_argument("--gpu", default="h100-sxm")
     p.add_argument("--out", required=True)
+    p.add_argument("--models", default="")
     m = sub.add_parser("measure")
     m.add_argument("--out", required=True)
     m.add_argument("--models", default="")

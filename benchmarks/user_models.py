@@ -298,3 +298,52 @@ def convnext_tiny_gpu() -> nn.Module:
 
 def hf_gpt2_gpu() -> nn.Module:
     return build("hf-gpt2", 1024, size="gpu")
+
+
+# Models added for the third GPU lease's blind check (planned and committed before any GPU ran them)
+def efficientnet_b0_gpu() -> nn.Module:
+    return _timm("efficientnet_b0")
+
+
+def mobilenetv3_gpu() -> nn.Module:
+    return _timm("mobilenetv3_large_100")
+
+
+def swin_tiny_gpu() -> nn.Module:
+    return _timm("swin_tiny_patch4_window7_224")
+
+
+class MaskedLMLogits(nn.Module):
+    """A Hugging Face masked LM called with input ids, returning the logits tensor."""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        self.hf = hf_model
+
+    def forward(self, idx):
+        return self.hf(input_ids=idx).logits
+
+
+def hf_bert_gpu() -> nn.Module:
+    """BERT-base (12 x 768, 12 heads, WordPiece vocabulary 30,522) with its masked-LM head, SDPA
+    attention; token ids of 512 positions."""
+    _torchvision_importable()
+    from transformers import BertConfig, BertForMaskedLM
+
+    cfg = BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg._attn_implementation = "sdpa"
+    return MaskedLMLogits(BertForMaskedLM(cfg))
+
+
+def hf_pythia_gpu() -> nn.Module:
+    """Pythia-160M's shape in transformers' GPT-NeoX (12 x 768, 12 heads, rotary on a quarter of
+    each head, parallel attention and MLP, vocabulary 50,304), SDPA attention; 1024 positions."""
+    _torchvision_importable()
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    cfg = GPTNeoXConfig(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        intermediate_size=3072, rotary_pct=0.25, max_position_embeddings=2048,
+                        use_parallel_residual=True, tie_word_embeddings=False, attention_dropout=0.0,
+                        hidden_dropout=0.0)
+    cfg._attn_implementation = "sdpa"
+    return LogitsOnly(GPTNeoXForCausalLM(cfg))

@@ -47,6 +47,18 @@ REPLAY_MIN_BYTES = 256 << 10
 # so it shows only when a model's ops are too small to keep the GPU busy. ``--gpu local``
 # measures it instead.
 CATALOG_HOST_PER_OP_S = 10e-6
+# Normalisations whose statistics reduce over more than one row read their operands twice: the
+# reduction must finish before any element is normalised, and a tensor larger than the chip's
+# cache comes from memory both times. PyTorch's CUDA kernels: batch norm's statistics then its
+# elementwise pass (aten/src/ATen/native/cuda/Normalization.cu: batch_norm_stats / _elemt, and
+# backward_reduce / backward_elemt), group norm's moments then its pass (group_norm_kernel.cu),
+# layer norm's backward the input's gradient row by row then gamma's and beta's over the rows in a
+# second kernel (layer_norm_kernel.cu, GammaBetaBackward). The trace counts one read.
+# op -> positions of the arguments read twice; a catalogued device's cost adds them
+SECOND_PASS = {"aten.native_batch_norm": (0,), "aten._native_batch_norm_legit": (0,),
+               "aten._native_batch_norm_legit_functional": (0,), "aten.native_batch_norm_backward": (0, 1),
+               "aten.native_group_norm": (0,), "aten.native_group_norm_backward": (0, 1),
+               "aten.native_layer_norm_backward": (0, 1)}
 
 
 @dataclass
@@ -90,7 +102,7 @@ class DeviceCosts:
             # between the two timings by the share of its operand bytes that come from memory
             share = cold_bytes(op, self.cache_bytes) / op.bytes_read
             return warm + min(share, 1.0) * max(self.measured_cold_s[op.signature] - warm, 0.0)
-        moved = op.bytes_read + op.bytes_written
+        moved = op.bytes_read + op.bytes_written + (0 if self.local else second_pass_bytes(op))
         memory = moved / self.bytes_per_s(moved) if moved else 0.0
         if op.op_class not in COMPUTE_CLASSES:
             return memory + self.op_overhead_s
@@ -103,6 +115,20 @@ class DeviceCosts:
             depth = _reduction_depth(op)
             rate *= depth / (depth + half)
         return max(op.flops / rate, memory) + self.op_overhead_s
+
+
+def second_pass_bytes(op: OpRecord) -> int:
+    """Bytes a normalisation reads a second time (``SECOND_PASS``); 0 for any other op, for batch
+    norm in eval (running statistics: one pass) and for a layer norm backward without weights."""
+    at = SECOND_PASS.get(op.op)
+    if at is None or op.replay is None:
+        return 0
+    args = op.replay[1]
+    if op.op.startswith("aten.native_layer_norm_backward") and not any(args[7][1:]):
+        return 0                                   # output_mask: no gamma / beta gradient
+    if "batch_norm" in op.op and not op.op.endswith("_backward") and not args[5]:
+        return 0                                   # training=False
+    return sum(math.prod(args[i].shape) * args[i].dtype.itemsize for i in at if isinstance(args[i], TensorSpec))
 
 
 def _reduction_depth(op: OpRecord) -> float:
