@@ -388,3 +388,36 @@ def test_the_traced_batch_is_made_on_the_device_of_the_traced_model():
         (host,), _ = _fake_like(((tokens,), targets))()          # the default: where the loader left it
         with pytest.raises(RuntimeError, match="devices"):
             F.embedding(host, weight)
+
+
+def test_an_accelerator_op_is_timed_by_events_behind_the_flush_without_its_launch():
+    """costs.device_time_s on a virtual clock: the flush takes 5 ms, each run 2 ms at first and
+    then 3 ms; the host's waits are not on the clock. The events bracket the op alone, so the
+    median of three runs (2, 3, 3 ms) is 3 ms, and the flush is queued before each start."""
+    from tensorpilot.modelplan.costs import device_time_s
+
+    clock, log, durations = [0.0], [], iter([2.0, 3.0, 3.0])
+
+    class Flush:
+        def fill_(self, value):
+            log.append("flush")
+            clock[0] += 5.0
+
+    class Event:
+        def __init__(self, device, enable_timing):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            log.append("event")
+            self.t = clock[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t                       # ms, as torch.Event's
+
+    def run():
+        log.append("op")
+        clock[0] += next(durations)
+
+    assert device_time_s(run, "cpu", Flush(), 3, event=Event) == pytest.approx(0.003)
+    assert log == ["flush", "event", "op", "event"] * 3

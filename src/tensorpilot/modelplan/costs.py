@@ -292,6 +292,8 @@ def replay_time_s(replay: Any, device: str, repeats: int = 3, flush: int | None 
             a, k = _operands(replay, device, gen, promote)
             with torch.no_grad():
                 mapped = _maps_fresh_pages(func(*a, **k), device)   # warm-up: oneDNN picks its kernel
+                if device.split(":")[0] != "cpu" and hasattr(torch, "Event"):
+                    return device_time_s(lambda: func(*a, **k), device, flush, repeats)
                 samples = []
                 for _ in range(max(repeats, 5) if mapped else repeats):
                     flush.fill_(1.0)
@@ -304,6 +306,28 @@ def replay_time_s(replay: Any, device: str, repeats: int = 3, flush: int | None 
         except (RuntimeError, ValueError, TypeError, IndexError, MemoryError):
             continue
     return None
+
+
+def device_time_s(run: Any, device: str, flush: torch.Tensor, repeats: int, event: Any = None) -> float:
+    """Median seconds ``run()`` keeps an accelerator busy, timed by events on its stream as
+    Triton's ``do_bench`` times a kernel: each repeat queues the flush, a start event, the op and an
+    end event back to back, and the host waits once at the end. The op's launch then waits behind
+    the flush's kernel, so the host's dispatch and launch latency -- which an eager step overlaps
+    with the kernels before it (``DeviceCosts.async_host``), and a timer around a synchronised call
+    would add to every op -- is not counted. ``event``: the event class (torch.Event)."""
+    from tensorpilot.hardware.probe import sync
+
+    event = event or torch.Event
+    pairs = []
+    for _ in range(repeats):
+        flush.fill_(1.0)
+        start, end = event(device=device, enable_timing=True), event(device=device, enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        pairs.append((start, end))
+    sync(device)
+    return statistics.median(start.elapsed_time(end) for start, end in pairs) / 1e3     # ms -> s
 
 
 def host_per_op(device: str) -> float:
