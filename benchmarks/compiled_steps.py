@@ -3,8 +3,9 @@ and under torch.compile, on one GPU.
 
 Two halves, run on different machines:
 
-    python benchmarks/compiled_steps.py plan --gpu h100-sxm --out benchmarks/results/compiled_planned.json
-        # here, before any GPU run: `tensorpilot plan --kernels eager|fused` of each model (the traced
+    python benchmarks/compiled_steps.py plan --gpu h100-sxm --out benchmarks/results/compiled_planned_c.json
+        # here, before any GPU run (compiled_planned.json: the second lease's, before its GPU autocast
+        # lists and second norm pass): `tensorpilot plan --kernels eager|fused` of each model (the traced
         # planner; fused = its step under torch.compile, modelplan/fusion.py). Commit the file first.
     python benchmarks/compiled_steps.py measure --out measured.json [--models vit_base,...]
         # on the GPU: a plain PyTorch loop per model (bf16 autocast, cross-entropy, gradients clipped

@@ -107,15 +107,16 @@ class NanoGPT(nn.Module):
 
 # --------------------------------------------------------------------------- transformers models
 class LogitsOnly(nn.Module):
-    """A Hugging Face causal LM called with input ids, returning the logits tensor (the loss is
-    computed by the training loop, the same for every arm)."""
+    """A Hugging Face LM called with input ids (and ``call_kwargs``: a causal LM's use_cache=False),
+    returning the logits tensor (the loss is computed by the training loop, the same for every arm)."""
 
-    def __init__(self, hf_model: nn.Module):
+    def __init__(self, hf_model: nn.Module, **call_kwargs):
         super().__init__()
         self.hf = hf_model
+        self.call_kwargs = call_kwargs
 
     def forward(self, idx):
-        return self.hf(input_ids=idx, use_cache=False).logits
+        return self.hf(input_ids=idx, **self.call_kwargs).logits
 
 
 def hf_gpt2(seq_len: int, n_layer=4, n_embd=256, n_head=4) -> nn.Module:
@@ -124,7 +125,7 @@ def hf_gpt2(seq_len: int, n_layer=4, n_embd=256, n_head=4) -> nn.Module:
     cfg = GPT2Config(vocab_size=256, bos_token_id=0, eos_token_id=0, n_positions=seq_len, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False)
     cfg._attn_implementation = "sdpa"
-    return LogitsOnly(GPT2LMHeadModel(cfg))
+    return LogitsOnly(GPT2LMHeadModel(cfg), use_cache=False)
 
 
 def hf_llama(seq_len: int, n_layer=4, hidden=256, heads=4) -> nn.Module:
@@ -134,7 +135,7 @@ def hf_llama(seq_len: int, n_layer=4, hidden=256, heads=4) -> nn.Module:
                       num_hidden_layers=n_layer, num_attention_heads=heads, num_key_value_heads=heads,
                       max_position_embeddings=seq_len, tie_word_embeddings=False)
     cfg._attn_implementation = "sdpa"
-    return LogitsOnly(LlamaForCausalLM(cfg))
+    return LogitsOnly(LlamaForCausalLM(cfg), use_cache=False)
 
 
 _TV_LIB = None
@@ -313,17 +314,6 @@ def swin_tiny_gpu() -> nn.Module:
     return _timm("swin_tiny_patch4_window7_224")
 
 
-class MaskedLMLogits(nn.Module):
-    """A Hugging Face masked LM called with input ids, returning the logits tensor."""
-
-    def __init__(self, hf_model: nn.Module):
-        super().__init__()
-        self.hf = hf_model
-
-    def forward(self, idx):
-        return self.hf(input_ids=idx).logits
-
-
 def hf_bert_gpu() -> nn.Module:
     """BERT-base (12 x 768, 12 heads, WordPiece vocabulary 30,522) with its masked-LM head, SDPA
     attention; token ids of 512 positions."""
@@ -332,7 +322,7 @@ def hf_bert_gpu() -> nn.Module:
 
     cfg = BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     cfg._attn_implementation = "sdpa"
-    return MaskedLMLogits(BertForMaskedLM(cfg))
+    return LogitsOnly(BertForMaskedLM(cfg))
 
 
 def hf_pythia_gpu() -> nn.Module:
@@ -346,4 +336,4 @@ def hf_pythia_gpu() -> nn.Module:
                         use_parallel_residual=True, tie_word_embeddings=False, attention_dropout=0.0,
                         hidden_dropout=0.0)
     cfg._attn_implementation = "sdpa"
-    return LogitsOnly(GPTNeoXForCausalLM(cfg))
+    return LogitsOnly(GPTNeoXForCausalLM(cfg), use_cache=False)

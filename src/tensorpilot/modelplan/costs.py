@@ -128,7 +128,7 @@ def second_pass_bytes(op: OpRecord) -> int:
         return 0                                   # output_mask: no gamma / beta gradient
     if "batch_norm" in op.op and not op.op.endswith("_backward") and not args[5]:
         return 0                                   # training=False
-    return sum(math.prod(args[i].shape) * args[i].dtype.itemsize for i in at if isinstance(args[i], TensorSpec))
+    return sum(spec_bytes(args[i]) for i in at if isinstance(args[i], TensorSpec))
 
 
 def _reduction_depth(op: OpRecord) -> float:
@@ -182,8 +182,12 @@ def _materialize(spec: Any, device: str, gen: torch.Generator) -> Any:
     return base.as_strided(spec.shape, spec.stride, spec.offset)
 
 
+def spec_bytes(spec: TensorSpec) -> int:
+    return math.prod(spec.shape) * spec.dtype.itemsize
+
+
 def _spec_bytes(replay: Any) -> int:
-    return sum(math.prod(t.shape) * t.dtype.itemsize for t in _flat_specs((replay[1], replay[2])))
+    return sum(spec_bytes(t) for t in _flat_specs((replay[1], replay[2])))
 
 
 @functools.lru_cache(maxsize=None)
