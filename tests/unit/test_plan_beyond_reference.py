@@ -46,6 +46,8 @@ def test_precision_labels_normalise(label, expected):
     ("fp16 mixed", "mixed precision = model.half() + FusedLAMBAMP fp32 master", "fp16"),
     ("fp16 mixed", "pure fp16 (use_pure_fp16 true = AMP O2) with FusedAdamW", "fp16"),
     ("bf16 mixed", "Megatron --bf16", "bf16"),
+    ("bf16", "benchmark_litgpt, Fabric precision 'bf16-true' (weights bf16)", "bf16-pure"),
+    ("bf16 mixed", "HF Trainer with --bf16 True --tf32 True", "bf16"),       # the Trainer's flag is mixed
 ])
 def test_rows_that_say_the_model_itself_is_half_train_it_pure(label, notes, expected):
     from tensorpilot.plan.validate import _layout_setup, _spec
@@ -428,15 +430,15 @@ def test_a_group_across_nodes_uses_one_nic_per_rank_on_each_node():
 
 
 def test_an_overlapped_collective_slows_the_compute_beside_it():
-    """One block's share of a collective always waits; the rest hides behind compute, which runs
-    slower by the device share the collective's kernels hold while they run beside it."""
+    """The collective's tail (here a quarter) always waits; the rest hides behind compute, which
+    runs slower by the device share the collective's kernels hold while they run beside it."""
     from tensorpilot.plan import calibration as cal
     from tensorpilot.plan.predict import _exposed
 
     share = cal.COLLECTIVE_COMPUTE_SHARE
-    assert _exposed(1.0, 10.0, 4) == pytest.approx(0.25 + share * 0.75)      # hidden but one block
-    assert _exposed(1.0, 0.5, 4) == pytest.approx(0.5 + share * 0.5)         # compute covers half
-    assert _exposed(1.0, 0.0, 4) == pytest.approx(1.0)                       # nothing to hide behind
+    assert _exposed(1.0, 10.0, 0.25) == pytest.approx(0.25 + share * 0.75)   # hidden but the tail
+    assert _exposed(1.0, 0.5, 0.25) == pytest.approx(0.5 + share * 0.5)      # compute covers half
+    assert _exposed(1.0, 0.0, 0.25) == pytest.approx(1.0)                    # nothing to hide behind
 
 
 def test_context_parallelism_by_hand():
@@ -551,8 +553,10 @@ def test_host_offload_by_hand():
     down = 2 * n / link
     bwd = base.time_breakdown_s["compute"]                          # backward alone hides more than the copy
     assert down < bwd
-    hidden_but_one_block = down / spec.layers + cal.COLLECTIVE_COMPUTE_SHARE * down * (1 - 1 / spec.layers)
-    assert off.time_breakdown_s["host_offload"] == pytest.approx(hidden_but_one_block + max(cpu, 2 * n / link),
+    # the last block's gradients and the input embedding's (backward's last) cross after it ends
+    tail = (spec.layer_params + spec.embedding_params) / n
+    hidden_but_the_tail = down * tail + cal.COLLECTIVE_COMPUTE_SHARE * down * (1 - tail)
+    assert off.time_breakdown_s["host_offload"] == pytest.approx(hidden_but_the_tail + max(cpu, 2 * n / link),
                                                                  rel=1e-6)
     assert off.time_breakdown_s["optimizer"] == 0                   # the device steps nothing
     # 8 devices of a host share its memory bandwidth; the weights offloaded too need them sharded
@@ -1344,6 +1348,7 @@ def test_a_nemo_row_that_switches_its_recipe_defaults_off():
     ("gaudi3", "bf16", 1243.0, 1835.0),
     ("mi350x", "bf16", 1565.0, 2516.6),                          # the MI355X's die at lower clocks: its fraction
     ("t4", "fp16", 24.0, 65.0),                                  # NVIDIA forum: power-capped 4096^3 cuBLAS GEMMs
+    ("max-1550-tile", "bf16", 2645.0 / 12, 419.43),              # ALCF: BF16GEMM on a node's 12 tiles at once
 ])
 def test_measured_gemm_fractions_of_more_parts(key, precision, mamf_tflops, theory_tflops):
     from tensorpilot.plan import calibration as cal
@@ -1353,6 +1358,15 @@ def test_measured_gemm_fractions_of_more_parts(key, precision, mamf_tflops, theo
     fraction = round(mamf_tflops / theory_tflops, 2)
     assert device_rates(acc, precision).matmul_flops_per_s == pytest.approx(
         acc.peak_flops_per_s(precision) * cal.SUSTAINED_COMPUTE_FRACTION * fraction)
+
+
+def test_a_part_with_a_measured_stream_rate_streams_at_it():
+    # ALCF's STREAM triad on one Max 1550 tile (and on each of a node's 12): 1 TB/s of its 1.64
+    from tensorpilot.plan.predict import device_rates
+
+    tile, h100 = catalog.get("max-1550-tile"), catalog.get("h100-sxm")
+    assert device_rates(tile, "bf16").mem_bytes_per_s == pytest.approx(1.0e12, rel=0.01)
+    assert device_rates(h100, "bf16").mem_bytes_per_s == pytest.approx(3350e9 * 0.88)   # the copy fraction
 
 
 # ---------------------------------------------------------------- partial (block) recomputation
@@ -1786,3 +1800,29 @@ def test_an_allocated_peak_holds_no_cached_blocks(notes, allocated):
 def test_offloading_an_optimizer_that_is_not_there_is_one_sentence():
     with pytest.raises(ConfigError, match="optimizer 'none' has neither: drop --offload"):
         TrainSetup(seq_len=4096, global_batch=8, optimizer="none", offload="optimizer")
+
+
+def test_the_input_embedding_s_gradient_is_reduced_after_backward():
+    """Backward produces the input embedding's gradient last (it is the first layer's), so DDP's
+    last bucket holds it and no compute is left to hide its all-reduce: the exposed tail is the
+    embedding's share of the gradients plus one block's, not one block's alone."""
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    acc = catalog.get("h100-sxm")
+    setup = TrainSetup(seq_len=1024, global_batch=8 * 8 * 16)      # 16 micro-batches hide the rest
+    lo = Layout(dp=8, sharding="ddp", micro_batch=8)
+    exposed = {}
+    for vocab in (512, 50304):
+        spec = ModelSpec(name="gpt2-like", hidden=768, layers=12, heads=12, vocab=vocab, ffn_hidden=3072,
+                         tied_embeddings=True)
+        plan = predict(spec, acc, lo, setup)
+        rates = device_rates(acc, mem.precision(setup.precision).compute)
+        bw, alpha = tm.group_link(rates, 8, 1)
+        ar = tm.allreduce_time_s(spec.n_params * 4, 8, bw, alpha * spec.layers)     # fp32 gradients
+        tail = (spec.layer_params + spec.embedding_params) / spec.n_params
+        exposed[vocab] = plan.time_breakdown_s["dp_comm_exposed"]
+        assert exposed[vocab] == pytest.approx(ar * tail + cal.COLLECTIVE_COMPUTE_SHARE * ar * (1 - tail), rel=1e-9)
+    # GPT-2's 38.6M-parameter embedding (a third of its gradients) waits whole
+    assert exposed[50304] > 3 * exposed[512]

@@ -39,11 +39,16 @@ from __future__ import annotations
 # datasheet peak, 0.37, because the card's power cap pulls its clock towards the 585 MHz base from
 # the 1590 MHz boost the peak assumes (NVIDIA developer forums, "About GPU peak performance",
 # thread 264462, 2023, with NVIDIA's answer naming the power cap).
+# Intel Max 1550, one tile (Aurora): ALCF's node benchmarks (argonne-lcf/user-guides
+# docs/aurora/node-performance-overview, oneMKL GEMM, pre-production SDK) measure BF16GEMM 273
+# TFLOP/s on one tile alone and 2645 on the node's 12 tiles at once (220 a tile: the cards' power
+# and clocks shared, as in training, which runs every tile): 220 / 419.4 = 0.53 (TF32GEMM 1311 /
+# 12 / 209.7 = 0.52 agrees).
 MAMF_FRACTION: dict[str, float] = {
     "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
     "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.67, "gb200": 0.67,
     "mi250x-gcd": 0.77, "v100-sxm2-32gb": 0.66, "mi325x": 0.60, "mi355x": 0.62, "mi350x": 0.62, "gaudi2": 0.97,
-    "gaudi3": 0.68, "t4": 0.37,
+    "gaudi3": 0.68, "t4": 0.37, "max-1550-tile": 0.53,
 }
 # fp32 GEMMs off the tensor cores (SIMT SGEMM): Volta's cuBLAS SGEMM reaches ~1/7 of its 83
 # TFLOP/s mixed-precision rate, 0.76 of the 15.7 fp32 peak (Markidis et al. 2018, above). Other
@@ -174,6 +179,14 @@ EAGER_OPS_OUTSIDE_BLOCKS = 65
 # Achievable fraction of datasheet HBM bandwidth for streaming kernels: measured copies reach
 # 85-92% on H100/H200 (measured_ceilings.md); 0.88.
 MEMORY_BW_FRACTION = 0.88
+# Parts whose measured streaming bandwidth is far below that: Intel Max 1550's tile streams 1 TB/s
+# (STREAM triad, one tile alone and each of a node's 12 at once: ALCF's node benchmarks, above) of
+# its 1.64 TB/s datasheet share, 0.61.
+MEMORY_BW_FRACTION_BY_PART: dict[str, float] = {"max-1550-tile": 0.61}
+
+
+def memory_bw_fraction(catalog_key: str | None) -> float:
+    return MEMORY_BW_FRACTION_BY_PART.get(catalog_key or "", MEMORY_BW_FRACTION)
 
 # Elementwise (norm, residual, activation, dropout, softmax) traffic of an unfused eager/Megatron
 # step vs the minimum the op list implies (timing.elementwise_bytes counts each tensor read and

@@ -149,19 +149,21 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
     host = acc.host_link_gb_per_s * 1e9 / 2 * cal.LINK_BW_FRACTION if acc.host_link_gb_per_s else None
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
-    return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(cal.calibration_key(acc), compute_dtype),
-                          mem_bytes_per_s=(acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.MEMORY_BW_FRACTION,
+    key = cal.calibration_key(acc)
+    return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(key, compute_dtype),
+                          mem_bytes_per_s=(acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.memory_bw_fraction(key),
                           link_bytes_per_s=link, internode_bytes_per_s=net,
-                          attention_flops_per_s=sustained * cal.flash_attention_fraction(cal.calibration_key(acc)),
+                          attention_flops_per_s=sustained * cal.flash_attention_fraction(key),
                           gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE, host_link_bytes_per_s=host,
-                          gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, cal.calibration_key(acc)))
+                          gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, key))
 
 
-def _exposed(comm_s: float, compute_s: float, blocks: int) -> float:
-    """Exposed time of a collective overlapped with ``compute_s`` of work over ``blocks`` blocks:
-    at least one block's share waits, what compute cannot cover waits, and the compute it runs
-    beside slows by the share of the device the collective's kernels take."""
-    exposed = max(comm_s / blocks, comm_s - compute_s)
+def _exposed(comm_s: float, compute_s: float, tail: float) -> float:
+    """Exposed time of a collective overlapped with ``compute_s`` of work: at least its ``tail``
+    share waits (the part no compute is left to hide: the last block's gradients, a tensor-parallel
+    collective's first chunk), what compute cannot cover waits, and the compute it runs beside
+    slows by the share of the device the collective's kernels take."""
+    exposed = max(comm_s * tail, comm_s - compute_s)
     return exposed + cal.COLLECTIVE_COMPUTE_SHARE * (comm_s - exposed)
 
 
@@ -394,7 +396,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         # it): what the block's GEMMs cannot cover stays exposed, and at least the first chunk of
         # each collective (a tp-th of it) is; the GEMMs it runs beside slow as under any overlap
         gemm_s = lt.gemm_fwd_s * (1 + full) + lt.gemm_bwd_s
-        tp_comm_s = _exposed(tp_comm_s, gemm_s, lo.tp)
+        tp_comm_s = _exposed(tp_comm_s, gemm_s, 1 / lo.tp)
     tokens_micro = seq_local * lo.micro_batch
     # context parallelism: a ring passes every rank's keys and values round the cp group in
     # cp - 1 steps, hidden behind the attention of the chunk in hand (Megatron-Core's and
@@ -474,6 +476,12 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # wraps every block; DDP's 25 MB and Megatron's 40M-parameter buckets hold a block of a
     # mid-size model or less), and a ring pays its n - 1 latency steps per collective
     alpha *= layers_stage
+    # what backward leaves to reduce after its last op, and forward must gather before its first:
+    # a block's share, and on the stage that holds it the input embedding's too (its gradient is
+    # the last backward produces: the first layer's input, so DDP's last bucket, Megatron's last
+    # grad bucket and FSDP's root reduce it after backward ends)
+    tail = (spec.layer_params / lo.tp + (spec.embedding_params / lo.tp if params_stage == body else 0.0)) \
+        / params_stage
     grad_bytes = params_stage * (prec.grad_bytes if prec.grad_bytes <= 2 else 4)
     half_param_bytes = params_stage * DTYPE_COMPUTE_BYTES(prec)
     bwd_micro_s = bwd_s + head_s
@@ -487,22 +495,22 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                 # last backward (torchtitan's reshard_after_forward default under PP; Llama 3
                 # paper, section 3.3.2: "we do not reshard after forward computation"): one
                 # all-gather and one reduce-scatter a step, each behind a micro-batch of work
-                dp_exposed = _exposed(ag, fwd_s, layers_stage) + _exposed(rs, bwd_micro_s, layers_stage)
+                dp_exposed = _exposed(ag, fwd_s, tail) + _exposed(rs, bwd_micro_s, tail)
             else:
                 # without one, each block is gathered before its forward and again before its
                 # backward (reshard_after_forward=True) and its gradient reduce-scattered, every
                 # micro-batch; each collective overlaps the neighbouring block's compute
-                dp_exposed = n_micro * (_exposed(ag, fwd_s, layers_stage)
-                                        + _exposed(ag + rs, bwd_micro_s, layers_stage))
+                dp_exposed = n_micro * (_exposed(ag, fwd_s, tail)
+                                        + _exposed(ag + rs, bwd_micro_s, tail))
             if shard < replicas:
                 bw_r, alpha_r = tm.group_link(rates, replicas // shard, lo.tp * shard)
                 alpha_r *= layers_stage
                 ar = tm.allreduce_time_s(grad_bytes / shard, replicas // shard, bw_r, alpha_r)
-                dp_exposed += _exposed(ar, bwd_micro_s, layers_stage)
+                dp_exposed += _exposed(ar, bwd_micro_s, tail)
         else:
             def reduced(comm_s: float) -> float:
                 """Overlapped with backward, or after it (Layout.overlap_grad_reduce)."""
-                return _exposed(comm_s, bwd_micro_s, layers_stage) if lo.overlap_grad_reduce else comm_s
+                return _exposed(comm_s, bwd_micro_s, tail) if lo.overlap_grad_reduce else comm_s
 
             if lo.zero_stage == 2:     # reduce-scatter every micro-batch
                 rs = tm.reducescatter_time_s(grad_bytes, replicas, bw, alpha)
@@ -513,7 +521,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
             if lo.zero_stage in (1, 2):  # updated weights gathered after the optimizer step
                 ag = tm.allgather_time_s(half_param_bytes, replicas, bw, alpha)
                 # overlapped: each block's weights arrive behind the next step's forward
-                dp_exposed += _exposed(ag, n_micro * fwd_s, layers_stage) if lo.overlap_comm else ag
+                dp_exposed += _exposed(ag, n_micro * fwd_s, tail) if lo.overlap_comm else ag
 
     # ---- optimizer: streams weights, grads, master and states once each way
     # (offloaded: the host steps it, below)
@@ -533,11 +541,11 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         half = DTYPE_COMPUTE_BYTES(prec)
         down = opt_params * half / link
         host_bw = cal.HOST_MEMORY_BYTES_PER_S / min(lo.n_devices, rates.gpus_per_node)
-        offload_s = n_micro * _exposed(down, bwd_micro_s, layers_stage) + max(
+        offload_s = n_micro * _exposed(down, bwd_micro_s, tail) + max(
             opt_params * cal.CPU_ADAM_BYTES_PER_PARAM / host_bw, opt_params * half / link)
         if s.offload == "params":
             up = params_stage / shard * half / link
-            offload_s += n_micro * (_exposed(up, fwd_s, layers_stage) + _exposed(up, bwd_micro_s, layers_stage))
+            offload_s += n_micro * (_exposed(up, fwd_s, tail) + _exposed(up, bwd_micro_s, tail))
     optimizer_s = opt_bytes / rates.mem_bytes_per_s
 
     pipe_s = tm.pipeline_time_s(stage_micro_s, lo.pp, n_micro, lo.schedule, lo.virtual_stages)
@@ -639,7 +647,7 @@ def predict_inference(spec: ModelSpec, acc: Accelerator, *, batch: int, context:
     act = batch * context * (spec.hidden + spec.ffn_hidden) * 2 / tp + batch * spec.vocab * 4
     total = w + kv + act + cal.CONTEXT_BYTES
     limit = (acc.mem_gb or 0) * 2**30 * (1 - cal.SAFETY_MARGIN_FRACTION)
-    bw = (acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.MEMORY_BW_FRACTION
+    bw = (acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.memory_bw_fraction(cal.calibration_key(acc))
     step_s = (w + kv) / bw          # every decode step reads all weights and the whole cache
     return InferencePlan(model=spec.name, hardware=acc.key, tp=tp, weights_bytes=w, kv_cache_bytes=kv,
                          activation_bytes=act, total_bytes_per_device=total, memory_limit_bytes=limit,

@@ -311,8 +311,10 @@ def _optimizer(row) -> str:
 
 
 # the notes say the weights themselves are half, with no fp32 copy: "pure fp16", "no fp32 master",
-# a model cast with .half() / .to(torch.float16) or loaded with torch_dtype=float16 and trained so
-_PURE_HALF = re.compile(r"\bpure (fp16|bf16|half|bfloat16|float16)\b|\bno (fp32 )?master|"
+# Lightning's precision flag "bf16-true" / "16-true" (hyphenated: "--bf16 True" is HF Trainer's mixed
+# precision), a model cast with .half() / .to(torch.float16) or loaded with torch_dtype=float16 and
+# trained so
+_PURE_HALF = re.compile(r"\bpure (fp16|bf16|half|bfloat16|float16)\b|\bno (fp32 )?master|\b(bf)?16-true\b|"
                         r"without (an? )?(fp32 )?master|model\.half\(\)|model\.to\(torch\.(float16|bfloat16)\)|"
                         r"cast (wholly |entirely )?to (fp16|bf16)")
 # ... unless they name an fp32 master after all (apex's model.half() + an fp32-master optimizer;
