@@ -114,6 +114,11 @@ class Layout:
     # the gradient reduction runs behind backward, bucket by bucket (PyTorch DDP, FSDP, DeepSpeed
     # ZeRO-3); False: after it (DeepSpeed ZeRO-0/1/2's default, overlap_comm false)
     overlap_grad_reduce: bool = True
+    # DDP copies each gradient into its all-reduce bucket and back (PyTorch DDP's default
+    # gradient_as_bucket_view=False, apex's DDP, Horovod's fusion buffer): a read and a write each
+    # way, 4 x the gradient bytes of device traffic a step; False where gradients live in the
+    # buckets (gradient_as_bucket_view=True, as tensorpilot's DDP runs; Megatron's grad buffer)
+    grad_bucket_copies: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", canonical_sharding(self.sharding))

@@ -1826,3 +1826,40 @@ def test_the_input_embedding_s_gradient_is_reduced_after_backward():
         assert exposed[vocab] == pytest.approx(ar * tail + cal.COLLECTIVE_COMPUTE_SHARE * ar * (1 - tail), rel=1e-9)
     # GPT-2's 38.6M-parameter embedding (a third of its gradients) waits whole
     assert exposed[50304] > 3 * exposed[512]
+
+
+def test_ddp_s_bucket_copies_cost_four_passes_over_the_gradients():
+    """PyTorch DDP's default (gradient_as_bucket_view=False) copies each gradient into its bucket
+    and back: read + write each way, 4 x the gradient bytes at the device's streaming rate, only
+    where gradients are all-reduced (more than one replica, unsharded)."""
+    from tensorpilot.plan.predict import device_rates
+
+    spec, acc = get_model("gpt2-medium"), catalog.get("v100-sxm2-32gb")
+    setup = TrainSetup(seq_len=1024, global_batch=64, precision="fp16-amp")     # torch.autocast: fp32 weights
+    rates = device_rates(acc, mem.precision(setup.precision).compute)
+    for dp, moved in ((8, True), (1, False)):
+        lo = Layout(dp=dp, sharding="ddp", micro_batch=8)
+        views = predict(spec, acc, lo, setup)
+        copies = predict(spec, acc, dataclasses_replace(lo, grad_bucket_copies=True), setup)
+        extra = 4 * spec.n_params * 4 / rates.mem_bytes_per_s if moved else 0.0      # their fp32 gradients
+        assert copies.step_time_s - views.step_time_s == pytest.approx(extra, rel=1e-9, abs=1e-12)
+        assert copies.time_breakdown_s["memory_bound"] - views.time_breakdown_s["memory_bound"] == \
+            pytest.approx(extra, rel=1e-9, abs=1e-12)
+    sharded = Layout(dp=8, sharding="fsdp", micro_batch=8)
+    assert predict(spec, acc, dataclasses_replace(sharded, grad_bucket_copies=True), setup).step_time_s == \
+        pytest.approx(predict(spec, acc, sharded, setup).step_time_s)
+
+
+@pytest.mark.parametrize("sharding,notes,source,copies", [
+    ("ddp", "torch.nn.parallel.DistributedDataParallel, AMP", "NVIDIA/DeepLearningExamples PyTorch", True),
+    ("none", "Horovod allreduce, fp16", "NVIDIA/DeepLearningExamples TensorFlow", True),
+    ("ddp", "Megatron-LM local DDP", "a thread", False),                           # a contiguous grad buffer
+    ("ddp", "JAX pmap data parallel", "a thread", False),                          # XLA reduces in place
+    ("fsdp", "PyTorch FSDP", "a thread", False),                                   # sharded: reduce-scatters
+    ("none", "single process", "a thread", False),
+])
+def test_rows_read_which_stacks_copy_gradients_into_buckets(sharding, notes, source, copies):
+    from tensorpilot.plan.validate import _layout_setup, _spec
+
+    row = _row(sharding=sharding, flops_convention=notes, source=source, n_gpus="8", tp="1", pp="1", dp="8")
+    assert _layout_setup(row, _spec(row))[0].grad_bucket_copies is copies

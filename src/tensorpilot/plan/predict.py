@@ -523,6 +523,11 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
                 # overlapped: each block's weights arrive behind the next step's forward
                 dp_exposed += _exposed(ag, n_micro * fwd_s, tail) if lo.overlap_comm else ag
 
+    # DDP's gradient copies into its buckets and back (Layout.grad_bucket_copies), on the device's
+    # memory beside backward's kernels
+    copies_s = 4 * grad_bytes / rates.mem_bytes_per_s \
+        if lo.grad_bucket_copies and replicas > 1 and lo.zero_stage == 0 else 0.0
+
     # ---- optimizer: streams weights, grads, master and states once each way
     # (offloaded: the host steps it, below)
     opt_params = params_stage / (shard if lo.zero_stage >= 1 else 1)
@@ -549,14 +554,14 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     optimizer_s = opt_bytes / rates.mem_bytes_per_s
 
     pipe_s = tm.pipeline_time_s(stage_micro_s, lo.pp, n_micro, lo.schedule, lo.virtual_stages)
-    step_s = pipe_s + dp_exposed + optimizer_s + offload_s
+    step_s = pipe_s + dp_exposed + optimizer_s + offload_s + copies_s
     breakdown = {
         "compute": n_micro * layers_stage * (lt.gemm_fwd_s + lt.gemm_bwd_s + lt.attention_fwd_s + lt.attention_bwd_s
                                              + (recompute_s if lo.recompute == "selective" else 0)
                                              + op_gemm_s
                                              + full * (lt.gemm_fwd_s + lt.attention_fwd_s)),
         "memory_bound": n_micro * (layers_stage * lt.elementwise_fwd_s * (3 + (full or lo.recompute == "op"))
-                                   + head_s),
+                                   + head_s) + copies_s,
         "tp_comm": n_micro * layers_stage * tp_comm_s,
         "pipeline_bubble": pipe_s - n_micro * stage_micro_s,
         "pp_comm": n_micro * (stage_micro_s - host_wait_s - fwd_s - bwd_s - layers_stage * (tp_comm_s + cp_comm_s)

@@ -376,7 +376,8 @@ def _layout_setup(row, spec: ModelSpec, part_year: int | None = None):
                     virtual_stages=max(chunks, 2) if interleaved else 1, recompute=rec,
                     shard_group=max(1, cal.GPUS_PER_NODE // tp) if hybrid else 0, cp=cp,
                     cp_mode=cp_mode, overlap_comm=bool(_switch(row, _OVERLAP_SWITCH)),
-                    overlap_grad_reduce=_grad_reduce_overlapped(row, sharding))
+                    overlap_grad_reduce=_grad_reduce_overlapped(row, sharding),
+                    grad_bucket_copies=_grad_bucket_copies(row, sharding))
     tokens = _number(row, "tokens") if "tokens" in row else None
     # a published global batch that dp x micro-batch does not divide (OPT: 1024 sequences on 124
     # replicas) ran with uneven or dropped micro-batches: the nearest multiple is predicted
@@ -532,6 +533,23 @@ def _grad_reduce_overlapped(row, sharding: str) -> bool:
     if not deepspeed or SHARDINGS.get(sharding, 0) == 3:
         return True
     return bool(_switch(row, r"overlap comm"))
+
+
+def _grad_bucket_copies(row, sharding: str) -> bool:
+    """Layout.grad_bucket_copies: an unsharded data-parallel run whose stack copies gradients into
+    its all-reduce buckets -- PyTorch's DDP (labelled ddp), apex's, Horovod's, DeepSpeed's ZeRO-0
+    (flattened buckets) -- unless Megatron's own DDP (a contiguous grad buffer) or an XLA
+    program (TPU, JAX, TensorFlow without Horovod) reduces them in place."""
+    if SHARDINGS.get(sharding, 0) != 0:
+        return False
+    notes = _text(row, "flops_convention").lower()
+    text = f"{notes} {_text(row, 'source').lower()} {_text(row, 'gpu').lower()}"
+    if re.search(r"megatron|\bnemo\b", text) and "deepspeed" not in text:
+        return False
+    if re.search(r"\btpu|\bjax\b|\bxla\b|tensorflow|\bpaxml?\b|maxtext", text) and "horovod" not in text:
+        return False
+    return bool(re.search(r"\bddp\b", _text(row, "sharding").lower())
+                or re.search(r"distributeddataparallel|horovod|\bapex\b|deepspeed", notes))
 
 
 # host offload named in the notes (TrainSetup.offload), read with _switch so "offload_optim_frac=0.0"
