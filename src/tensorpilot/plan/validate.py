@@ -549,7 +549,7 @@ def _grad_bucket_copies(row, sharding: str) -> bool:
     if re.search(r"\btpu|\bjax\b|\bxla\b|tensorflow|\bpaxml?\b|maxtext", text) and "horovod" not in text:
         return False
     return bool(re.search(r"\bddp\b", _text(row, "sharding").lower())
-                or re.search(r"distributeddataparallel|horovod|\bapex\b|deepspeed", notes))
+                or _switch(row, r"distributeddataparallel|horovod|apex|deepspeed"))
 
 
 # host offload named in the notes (TrainSetup.offload), read with _switch so "offload_optim_frac=0.0"
