@@ -1863,3 +1863,45 @@ def test_rows_read_which_stacks_copy_gradients_into_buckets(sharding, notes, sou
 
     row = _row(sharding=sharding, flops_convention=notes, source=source, n_gpus="8", tp="1", pp="1", dp="8")
     assert _layout_setup(row, _spec(row))[0].grad_bucket_copies is copies
+
+
+def test_a_row_s_sliding_window_columns_reach_the_attention_flops():
+    """attention_window / windowed_layers: the stated window's blocks pair each query with its w
+    latest keys (s w - w^2 / 2 causal pairs, by hand) and the rest with every earlier one (s^2 / 2)."""
+    from tensorpilot.plan.flops import attention_core_flops
+    from tensorpilot.plan.validate import _spec
+
+    row = {**_LLAMA_ROW, "seq_len": "32768", "attention_window": "4096", "windowed_layers": "24"}
+    spec = _spec(row)
+    assert (spec.attention_window, spec.windowed_layers) == (4096, 24)
+    s, w = 32768, 4096
+    pairs = (8 * s * s / 2 + 24 * (s * w - w * w / 2)) / 32          # averaged over the 32 blocks
+    assert attention_core_flops(spec, 1, s, "causal") == round(2 * 2 * pairs * 4096)
+    # a blank windowed_layers windows every block; a blank window is dense attention
+    assert _spec({**row, "windowed_layers": ""}).windowed_layers == 32
+    assert _spec({**_LLAMA_ROW}).attention_window == 0
+
+
+def test_a_sliding_window_speeds_a_long_sequence_row_only_under_a_fused_kernel():
+    from tensorpilot.plan.validate import validate_rows
+
+    base = {**_LLAMA_ROW, "seq_len": "32768", "global_batch": "8", "micro_batch": "1", "tp": "1", "dp": "8",
+            "sharding": "fsdp", "flops_convention": "FlashAttention-2"}
+    windowed = {**base, "id": "X-2", "attention_window": "4096"}
+    eager = {**base, "id": "X-3", "flops_convention": "no flash attention (eager attention)"}
+    eager_windowed = {**eager, "id": "X-4", "attention_window": "4096"}
+    dense, fast, slow, slow_windowed = validate_rows([base, windowed, eager, eager_windowed])
+    assert fast.predicted > 1.5 * dense.predicted          # 1/8 of the pairs at 32k: tokens/s rises
+    assert slow_windowed.predicted == slow.predicted       # materialised scores are computed whole
+
+
+@pytest.mark.parametrize("columns, reason", [
+    ({"windowed_layers": "8"}, "'windowed_layers' is given without an 'attention_window'"),
+    ({"attention_window": "4096", "windowed_layers": "40"}, "'windowed_layers' is 40, more than the row's 32 layers"),
+    ({"attention_window": "0"}, "column 'attention_window' is '0', not a positive whole number"),
+])
+def test_a_malformed_window_is_the_row_s_reason(columns, reason):
+    from tensorpilot.plan.validate import validate_rows
+
+    (result,) = validate_rows([{**_LLAMA_ROW, **columns}])
+    assert result.predicted is None and reason in result.note

@@ -135,7 +135,7 @@ REQUIRED_COLUMNS = ("id", "metric", "value", "unit", "params_b", "n_gpus")
 # counts that are at least 1 in any run (kv_heads too: a blank one means one per head); a blank
 # column takes its default, a zero or negative one makes the row not modelled
 POSITIVE_COLUMNS = ("hidden", "layers", "heads", "vocab", "ffn_hidden", "kv_heads", "n_gpus", "tp", "pp", "dp",
-                    "seq_len", "global_batch", "micro_batch")
+                    "seq_len", "global_batch", "micro_batch", "attention_window", "windowed_layers")
 
 
 @dataclass(slots=True)
@@ -271,7 +271,8 @@ def _spec(row) -> ModelSpec | None:
     family = name.lower()
     h, f = _int(row, "hidden"), _int(row, "ffn_hidden")
     shape = dict(name=name, hidden=h, layers=_int(row, "layers"), heads=_int(row, "heads"),
-                 vocab=_int(row, "vocab"), ffn_hidden=f or 4 * h, kv_heads=_int(row, "kv_heads"))
+                 vocab=_int(row, "vocab"), ffn_hidden=f or 4 * h, kv_heads=_int(row, "kv_heads"),
+                 **_window(row))
     if any(k in family for k in _GATED_FAMILIES):
         return ModelSpec(**shape, mlp="swiglu")
     if "mpt" in family:
@@ -287,6 +288,22 @@ def _spec(row) -> ModelSpec | None:
     if stated and abs(gated.n_params / 1e9 - stated) < abs(gpt.n_params / 1e9 - stated):
         return gated
     return gpt
+
+
+def _window(row) -> dict[str, int]:
+    """Sliding-window attention from the optional columns ``attention_window`` (keys a query sees)
+    and ``windowed_layers`` (blocks that attend within it; blank: every block). Mistral, Gemma 2/3,
+    OLMo 3 and the speedrun GPTs window some or all blocks; their Hugging Face configs say so
+    (models.from_hf_config), a published row says it here."""
+    window = _int(row, "attention_window", 0)     # _check_sizes: a given one is positive
+    if not window:
+        if _text(row, "windowed_layers"):
+            raise ConfigError("column 'windowed_layers' is given without an 'attention_window'")
+        return {}
+    layers = _int(row, "windowed_layers", _int(row, "layers"))
+    if layers > _int(row, "layers"):
+        raise ConfigError(f"column 'windowed_layers' is {layers}, more than the row's {_int(row, 'layers')} layers")
+    return {"attention_window": window, "windowed_layers": layers}
 
 
 def _precision(text: str) -> str:
