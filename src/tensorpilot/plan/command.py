@@ -90,6 +90,11 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     h.add_argument("--grad-reduce-after-backward", action="store_true",
                    help="Reduce gradients after backward instead of behind it, bucket by bucket (DeepSpeed "
                         "ZeRO-0/1/2 with its default overlap_comm false).")
+    h.add_argument("--grad-bucket-copies", action="store_true",
+                   help="Data parallelism copies each gradient into its all-reduce bucket and back: PyTorch "
+                        "DDP's default gradient_as_bucket_view=False, apex DDP, Horovod, DeepSpeed ZeRO-0. Adds "
+                        "4 x the gradient bytes of memory traffic a step with more than one replica (default: "
+                        "the buckets are the gradients, as in tensorpilot's DDP, FSDP and Megatron).")
     t = p.add_argument_group("training setup")
     t.add_argument("--seq-len", type=int, default=None, metavar="N",
                    help="Tokens per sequence (default: the model's context, at most 8192).")
@@ -373,7 +378,8 @@ def _layout_setup(args, spec, acc, gpus: int):
                     recompute_layers=args.recompute_layers or 0,
                     shard_group=max(1, cal.GPUS_PER_NODE // args.tp) if hybrid else 0, cp=args.cp,
                     cp_mode=args.cp_mode, overlap_comm=args.overlap_comm,
-                    overlap_grad_reduce=not args.grad_reduce_after_backward)
+                    overlap_grad_reduce=not args.grad_reduce_after_backward,
+                    grad_bucket_copies=args.grad_bucket_copies)
     setup = _setup(args, spec, dp)
     check_layout(spec, layout, setup, n_devices=gpus)
     step_s = args.measured_step_s
