@@ -1181,6 +1181,7 @@ def test_rows_say_which_dtype_their_gradients_were_reduced_in(precision, notes, 
     ("Transformer Engine on (ENABLE_TE=1), bf16 compute", "NVIDIA/JAX-Toolbox pax README", "materialized"),
     ("gathered _without_ FA (fused cuDNN/TE attention disabled; scores materialised)", "NVIDIA/JAX-Toolbox",
      "materialized"),
+    ("column 'Without' the fused kernel: standard attention (materialised scores)", "a paper", "materialized"),
     # first-generation fused kernels, unless a later one is named beside them
     ("--use-flash-attn (FlashAttention v1.0.4)", "microsoft/Megatron-DeepSpeed", "flash1"),
     ("MosaicGPT with FlashAttention (attn_impl flash, HazyResearch FA1)", "mosaicml/examples", "flash1"),
@@ -1215,6 +1216,20 @@ def test_a_row_silent_on_attention_takes_its_parts_era(gpu, notes, expected):
 
     year = catalog.get(GPU_NAMES.get(gpu.lower(), gpu)).year if "catalogued" not in gpu else None
     assert _attention({"flops_convention": notes, "source": "a paper", "gpu": gpu}, year) == expected
+
+
+@pytest.mark.parametrize("seq_len,notes,expected", [
+    ("4096", "", "flash"),              # long sequences came with FlashAttention, on any part
+    ("32768", "", "flash"),
+    ("2048", "", "materialized"),       # GPT-3's, OPT's, Megatron's length: both eras
+    ("", "", "materialized"),
+    ("8192", "no flash attention", "materialized"),
+])
+def test_a_row_silent_on_attention_at_4k_tokens_or_more_ran_a_fused_kernel(seq_len, notes, expected):
+    from tensorpilot.plan.validate import _attention
+
+    row = {"flops_convention": notes, "source": "a paper", "gpu": "A100-80GB", "seq_len": seq_len}
+    assert _attention(row, catalog.get("a100-sxm4-80gb").year) == expected
 
 
 def test_first_generation_flash_kernels_take_twice_the_attention_time_and_the_same_memory():

@@ -433,7 +433,7 @@ def _layout_setup(row, spec: ModelSpec, part_year: int | None = None):
 # attention not used", "no --use-flash-attn", "materialised attention")
 _NO_FLASH = re.compile(r"\b(no|not|without|w/o)\b[^;,.]{0,12}(flash|fa\b)|flash[- ]?attn?\w*[^;,.]{0,25}"
                        r"\b(not used|not enabled|disabled|unused|off|false)\b|materiali[sz]ed attention|"
-                       r"scores materiali[sz]ed|attention disabled")
+                       r"scores materiali[sz]ed|materiali[sz]ed scores|attention disabled")
 # a fused attention kernel named in the notes (FlexAttention: PyTorch's compiled one, ~90% of
 # FlashAttention-2 forward and ~85% backward per its release post, pytorch.org/blog/flexattention,
 # 2024), or software that runs one by default (NeMo and Megatron-Core build attention from
@@ -478,8 +478,10 @@ def _attention(row, part_year: int | None = None) -> str:
     named = _switch(row, _FUSED_ATTENTION)
     if named or _source_names(row, _FLASH_SOURCES):
         return "flash"
-    # the notes neither name a fused kernel nor turn one off: the default of the part's era
-    return "flash" if named is None and (part_year or 0) >= FUSED_ATTENTION_ERA else "materialized"
+    # the notes neither name a fused kernel nor turn one off: the default of the part's era, or of
+    # the run's sequence length
+    fused_era = (part_year or 0) >= FUSED_ATTENTION_ERA or _int(row, "seq_len", 0) >= FUSED_ATTENTION_SEQ_LEN
+    return "flash" if named is None and fused_era else "materialized"
 
 
 # the year from which a part's published runs ran a fused attention kernel unless they say not:
@@ -489,6 +491,13 @@ def _attention(row, part_year: int | None = None) -> str:
 # MaxText). Parts first shipped before then (A100, H100, A800, Gaudi2, Trainium1) carry runs of both
 # eras, so there the default stays the materialised scores.
 FUSED_ATTENTION_ERA = 2023
+# ... and the sequence length from which a run on any part did: training on sequences of 4,096
+# tokens or more came with FlashAttention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient
+# Exact Attention with IO-Awareness", whose section 4.2 trains GPT-2 at 4K as the first such case).
+# The materialised scores of one such sequence hold heads x s^2 values a layer (32 x 4096^2 x 2
+# bytes = 1 GiB in half precision, kept for backward); the pre-flash models trained at 2,048 or
+# less (GPT-3, OPT, BLOOM, PaLM, Megatron-Turing, the Megatron-LM scaling runs).
+FUSED_ATTENTION_SEQ_LEN = 4096
 
 
 # the devices a node holds, as notes write it: "4 GPUs per node", "8 x H100 per node", "4-GPU nodes",
