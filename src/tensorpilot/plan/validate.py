@@ -493,7 +493,8 @@ def _attention(row, part_year: int | None = None) -> str:
 FUSED_ATTENTION_ERA = 2023
 # ... and the sequence length from which a run on any part did: training on sequences of 4,096
 # tokens or more came with FlashAttention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient
-# Exact Attention with IO-Awareness", whose section 4.2 trains GPT-2 at 4K as the first such case).
+# Exact Attention with IO-Awareness", section 4.2: GPT-2 at 4K tokens trains faster with it than
+# Megatron-LM's materialised attention at 1K).
 # The materialised scores of one such sequence hold heads x s^2 values a layer (32 x 4096^2 x 2
 # bytes = 1 GiB in half precision, kept for backward); the pre-flash models trained at 2,048 or
 # less (GPT-3, OPT, BLOOM, PaLM, Megatron-Turing, the Megatron-LM scaling runs).
