@@ -160,7 +160,7 @@ def catalog_costs(acc: Any) -> DeviceCosts:
             compute[key] = peak * sustained * cal.mamf_fraction(cal.calibration_key(acc), key)
             attention[key] = peak * sustained * cal.flash_attention_fraction(cal.calibration_key(acc))
             half[key] = cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, cal.calibration_key(acc))
-    bw = (acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.memory_bw_fraction(cal.calibration_key(acc))
+    bw = cal.streaming_bytes_per_s(acc)
     return DeviceCosts(acc.key, False, compute, [(1.0, bw)], op_overhead_s=cal.KERNEL_FLOOR_S, view_overhead_s=0.0,
                        host_per_op_s=CATALOG_HOST_PER_OP_S, async_host=True, attention_flops_per_s=attention,
                        gemm_half_depth=half)

@@ -188,6 +188,12 @@ MEMORY_BW_FRACTION_BY_PART: dict[str, float] = {"max-1550-tile": 0.61}
 def memory_bw_fraction(catalog_key: str | None) -> float:
     return MEMORY_BW_FRACTION_BY_PART.get(catalog_key or "", MEMORY_BW_FRACTION)
 
+
+def streaming_bytes_per_s(acc) -> float:
+    """Bytes a second ``acc``'s memory-bound kernels stream: its datasheet HBM bandwidth (1 TB/s
+    where the catalog gives none) at the part's achievable fraction."""
+    return (acc.mem_bw_gb_per_s or 1000) * 1e9 * memory_bw_fraction(calibration_key(acc))
+
 # Elementwise (norm, residual, activation, dropout, softmax) traffic of an unfused eager/Megatron
 # step vs the minimum the op list implies (timing.elementwise_bytes counts each tensor read and
 # written once per op): backward reads saved inputs and incoming grads and writes grads, ~2x the

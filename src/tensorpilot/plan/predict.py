@@ -151,7 +151,7 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
     key = cal.calibration_key(acc)
     return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(key, compute_dtype),
-                          mem_bytes_per_s=(acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.memory_bw_fraction(key),
+                          mem_bytes_per_s=cal.streaming_bytes_per_s(acc),
                           link_bytes_per_s=link, internode_bytes_per_s=net,
                           attention_flops_per_s=sustained * cal.flash_attention_fraction(key),
                           gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE, host_link_bytes_per_s=host,
@@ -652,7 +652,7 @@ def predict_inference(spec: ModelSpec, acc: Accelerator, *, batch: int, context:
     act = batch * context * (spec.hidden + spec.ffn_hidden) * 2 / tp + batch * spec.vocab * 4
     total = w + kv + act + cal.CONTEXT_BYTES
     limit = (acc.mem_gb or 0) * 2**30 * (1 - cal.SAFETY_MARGIN_FRACTION)
-    bw = (acc.mem_bw_gb_per_s or 1000) * 1e9 * cal.memory_bw_fraction(cal.calibration_key(acc))
+    bw = cal.streaming_bytes_per_s(acc)
     step_s = (w + kv) / bw          # every decode step reads all weights and the whole cache
     return InferencePlan(model=spec.name, hardware=acc.key, tp=tp, weights_bytes=w, kv_cache_bytes=kv,
                          activation_bytes=act, total_bytes_per_device=total, memory_limit_bytes=limit,
