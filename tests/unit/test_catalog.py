@@ -247,6 +247,11 @@ def test_loader_rejects_an_alias_claimed_by_two_entries():
     ("TPU7x", "tpu7x"),
     ("Intel(R) Data Center GPU Max 1550", "max-1550-tile"),
     ("TPU v3", "tpu-v3"),
+    ("NVIDIA GeForce RTX 3090 Ti", "rtx-3090-ti"),
+    ("NVIDIA GeForce RTX 3080 Ti", "rtx-3080-ti"),
+    ("NVIDIA GeForce RTX 3080 Ti Laptop GPU", "rtx-3080-ti-laptop"),
+    ("NVIDIA GeForce RTX 2060 SUPER", "rtx-2060-super"),
+    ("Quadro RTX 8000", "quadro-rtx-8000"),
 ])
 def test_normalize_real_device_names(device_name, key):
     assert normalize_device_name(device_name) == key
@@ -263,7 +268,8 @@ def test_normalize_real_device_names(device_name, key):
     "NVIDIA H100 80GB HBM3 MIG 1g.10gb",  # a MIG slice has a fraction of the peak
     "NVIDIA GeForce RTX 4090 D",          # cut-down China variant
     "NVIDIA GeForce RTX 4090 Laptop GPU",
-    "NVIDIA GeForce RTX 3090 Ti",
+    "NVIDIA GeForce RTX 2060",            # the 6 GB card: not the 2060 SUPER
+    "NVIDIA TITAN Xp",                    # Pascal: no half-precision training rate (fp16 at 1/64 of fp32)
     "Tesla V100-SXM2-16GB",               # 16 GB sibling of the catalogued 32 GB part
     "Tesla V100-PCIE-32GB",
     "AMD Instinct MI250X/MI250",          # ambiguous: MI250 has fewer compute units
