@@ -110,6 +110,11 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit", "none"],
                    help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
                         "keep much less, see plan/memory.py; none: forward and backward only, no step)")
+    t.add_argument("--optimizer-impl", default="fused", choices=["fused", "foreach", "loop"],
+                   help="How the optimizer step runs: fused (one kernel: torch fused=True, Apex / Transformer "
+                        "Engine FusedAdam in Megatron-LM and DeepSpeed), foreach (torch.optim's default on CUDA: "
+                        "~3x the bytes of fused for AdamW) or loop (foreach=False or a hand-written per-parameter "
+                        "update: the foreach passes, dispatched tensor by tensor from the host) (default: fused).")
     t.add_argument("--doc-len", type=int, default=None, metavar="N",
                    help="Packed sequences of documents N tokens long under a document mask that the attention "
                         "kernel skips (FlexAttention block mask, FlashAttention varlen): attention costs each "
@@ -291,7 +296,7 @@ def _setup(args, spec, replicas: int):
             raise UsageError(f"the default global batch, {replicas:,} replicas x --micro-batch {args.micro_batch:,}, "
                              f"exceeds {MAX_SEQUENCES:,} sequences; pass --global-batch.")
     return TrainSetup(seq_len=seq, global_batch=batch, precision=args.precision, optimizer=args.optimizer,
-                      attention=args.attention, kernels=args.kernels or "fused", fp8_recipe=args.fp8_recipe,
+                      optimizer_impl=args.optimizer_impl, attention=args.attention, kernels=args.kernels or "fused", fp8_recipe=args.fp8_recipe,
                       grad_dtype=args.grad_dtype, tokens=args.tokens,
                       price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None

@@ -47,14 +47,17 @@ def local_accelerator(caps: Any) -> Accelerator:
                        mem_bw_gb_per_s=copy / 1e9 / cal.MEMORY_BW_FRACTION, link_gb_per_s=link, **peaks)
 
 
-def local_setup(seq_len: int, *, global_batch: int, precision: str, compiled: bool = False):
+def local_setup(seq_len: int, *, global_batch: int, precision: str, compiled: bool = False,
+                optimizer_impl: str = "fused"):
     """The planner's TrainSetup of one training configuration run here: ``compiled``, the step runs
-    under torch.compile (fused elementwise kernels), else eagerly."""
-    from tensorpilot.plan.predict import TrainSetup
+    under torch.compile (fused elementwise kernels), else eagerly; ``optimizer_impl``, how the
+    trainer's AdamW runs (predict.OPTIMIZER_IMPLS; another, such as torchao's 8-bit one: fused)."""
+    from tensorpilot.plan.predict import OPTIMIZER_IMPLS, TrainSetup
 
     return TrainSetup(seq_len=seq_len, global_batch=global_batch,
                       precision="fp32" if precision == "tf32" else precision, attention="flash",
-                      kernels="fused" if compiled else "eager")
+                      kernels="fused" if compiled else "eager",
+                      optimizer_impl=optimizer_impl if optimizer_impl in OPTIMIZER_IMPLS else "fused")
 
 
 def local_plan(spec: Any, seq_len: int, acc: Accelerator, *, layout: Any, global_batch: int, precision: str,

@@ -115,6 +115,14 @@ class ModelSpec:
         return attn + mlp + norms + biases
 
     @property
+    def layer_tensors(self) -> int:
+        """Parameter tensors one block holds (what an optimizer loop steps one by one): its
+        matrices (Q, K, V separate, as in :meth:`matrices`), a bias beside each where the family has
+        biases, and two norms' scales (+ shifts)."""
+        per = 1 + self.bias
+        return (4 + self.mlp_matrices) * per + 2 * per
+
+    @property
     def embedding_params(self) -> int:
         """Token (+ learned position) embeddings; the first pipeline stage holds them."""
         return self.vocab * self.hidden + self.learned_positions * self.hidden

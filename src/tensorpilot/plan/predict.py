@@ -37,6 +37,28 @@ __all__ = ["OFFLOADS", "InferencePlan", "Layout", "Plan", "TrainSetup", "device_
 # ZeRO-Offload); or that and the weights (ZeRO-Infinity's offload_param, FSDP's CPUOffload)
 OFFLOADS = ("none", "optimizer", "params")
 
+# How the optimizer step runs: fused, one kernel that reads the weights, gradients and moments and
+# writes the weights and moments once (torch.optim.AdamW(fused=True), Apex's and Transformer
+# Engine's FusedAdam, which Megatron-LM, NeMo and DeepSpeed use); foreach, torch.optim's default on
+# CUDA, every elementwise op of the update one multi-tensor pass over all parameters; loop
+# (foreach=False, Hugging Face's old adamw_hf, hand-written per-parameter updates), the same passes
+# dispatched tensor by tensor from the host.
+OPTIMIZER_IMPLS = ("fused", "foreach", "loop")
+# Tensor accesses per parameter of the unfused AdamW update (torch 2.x _multi_tensor_adam and
+# _single_tensor_adam, decoupled weight decay, no amsgrad): the weights 4 (decay read + write,
+# addcdiv read + write), exp_avg 3 (lerp read + write, addcdiv read), exp_avg_sq 5 (mul read +
+# write, addcmul read + write, sqrt read), the gradient 2 (lerp, addcmul) and the denominator, a
+# temporary of the moments' dtype, 6 (sqrt write, div and add read + write, addcdiv read). The
+# fused kernel's: 2, 2, 2, 1, 0. Counted op by op with a TorchDispatchMode in
+# tests/unit/test_plan_optimizer_impl.py.
+UNFUSED_ADAM_ACCESSES = {"weights": 4, "exp_avg": 3, "exp_avg_sq": 5, "grad": 2, "temporary": 6}
+# ops one parameter tensor dispatches in the loop: the step counter's increment (a host tensor),
+# then decay, lerp, mul, addcmul, sqrt, div, add, addcdiv -- eight that launch a kernel
+LOOP_OPS_PER_TENSOR, LOOP_LAUNCHES_PER_TENSOR = 9, 8
+# Adam-family optimizers whose unfused form the planner counts; the others (SGD, Adafactor, 8-bit
+# AdamW, Lion) are planned as one fused pass whatever optimizer_impl says
+_UNFUSED_COUNTED = ("adam", "adamw", "adamw-bf16")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainSetup:
@@ -46,6 +68,7 @@ class TrainSetup:
     global_batch: int                     # sequences per optimizer step
     precision: str = "bf16"               # see memory.precision
     optimizer: str = "adam"
+    optimizer_impl: str = "fused"         # how the step runs (OPTIMIZER_IMPLS): fused | foreach | loop
     attention: str = "flash"              # flash (fused, causal half computed) | materialized
     kernels: str = "fused"                # elementwise ops: fused (Megatron/TE, XLA, torch.compile) | eager
     fp8_recipe: str = "te"                # fp8 GEMM path: te (Transformer Engine, cuBLASLt) | torchao (_scaled_mm)
@@ -72,6 +95,9 @@ class TrainSetup:
             check_number("goodput", self.goodput, 1.0, above_low=True)
         if self.kernels not in tm.KERNELS:
             raise ConfigError(f"kernels must be one of {', '.join(tm.KERNELS)}, not {self.kernels!r}.")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise ConfigError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, "
+                              f"not {self.optimizer_impl!r}.")
         if self.loss_kernel not in mem.LOSS_KERNELS:
             raise ConfigError(f"loss_kernel must be one of {', '.join(mem.LOSS_KERNELS)}, not {self.loss_kernel!r}.")
         if self.grad_dtype is not None and self.grad_dtype not in mem.GRAD_DTYPES:
@@ -262,6 +288,20 @@ def chunk_layers(spec: ModelSpec, layout: Layout) -> int:
     """Blocks of the fullest model chunk (a stage's share of the layers, over its virtual stages)."""
     vp = layout.virtual_stages if layout.schedule == "interleaved" else 1
     return math.ceil(spec.layers / (layout.pp * vp))
+
+
+def _optimizer_bytes_per_param(prec, optimizer: str, impl: str) -> float:
+    """Bytes the optimizer step moves per parameter it updates: fused, the weights (the fp32 master
+    where there is one) read and written, the gradient read, the states read and written, the half
+    copy written; foreach and loop (Adam family), UNFUSED_ADAM_ACCESSES of each."""
+    weights = prec.master_bytes or prec.param_bytes
+    half_copy = prec.param_bytes if prec.master_bytes else 0
+    if impl == "fused" or optimizer not in _UNFUSED_COUNTED:
+        return prec.grad_bytes + 2 * weights + 2 * prec.optim_bytes + half_copy
+    moment = prec.optim_bytes / 2
+    n = UNFUSED_ADAM_ACCESSES
+    return (n["weights"] * weights + n["grad"] * prec.grad_bytes + half_copy
+            + (n["exp_avg"] + n["exp_avg_sq"] + n["temporary"]) * moment)
 
 
 def least_recompute(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup,
@@ -532,8 +572,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # (offloaded: the host steps it, below)
     opt_params = params_stage / (shard if lo.zero_stage >= 1 else 1)
     opt_bytes = 0.0 if s.offload != "none" or s.optimizer == "none" else \
-        opt_params * (prec.grad_bytes + 2 * (prec.master_bytes or prec.param_bytes)
-                      + 2 * prec.optim_bytes + (prec.param_bytes if prec.master_bytes else 0))
+        opt_params * _optimizer_bytes_per_param(prec, s.optimizer, s.optimizer_impl)
     if lowp:                    # block weights cast and transposed once a step: read 2, write 2 copies
         opt_bytes += layers_stage * spec.layer_params / lo.tp * (2 + prec.weight_copy_bytes)
     offload_s = 0.0
@@ -552,6 +591,13 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
             up = params_stage / shard * half / link
             offload_s += n_micro * (_exposed(up, fwd_s, tail) + _exposed(up, bwd_micro_s, tail))
     optimizer_s = opt_bytes / rates.mem_bytes_per_s
+    if s.optimizer_impl == "loop" and opt_bytes:
+        # the host dispatches each parameter tensor's ops in turn; the device's passes run behind it,
+        # and the slower of the two sets the step (embeddings, head and final norm: 4 tensors more)
+        tensors = layers_stage * spec.layer_tensors + 4
+        host_s = tensors * (LOOP_OPS_PER_TENSOR * cal.HOST_SECONDS_PER_OP
+                            + LOOP_LAUNCHES_PER_TENSOR * cal.KERNEL_LAUNCH_S) / s.host_efficiency
+        optimizer_s = max(optimizer_s, host_s)
 
     pipe_s = tm.pipeline_time_s(stage_micro_s, lo.pp, n_micro, lo.schedule, lo.virtual_stages)
     step_s = pipe_s + dp_exposed + optimizer_s + offload_s + copies_s

@@ -15,6 +15,9 @@ How a row becomes a prediction, with every rule stated (none is per row):
   notes that say no flash kernel ran ("no flash attention", "flash attention not used") win.
 - a TFLOP/s or MFU figure is predicted in the FLOP convention its notes state (flop_convention:
   6 N, causal-halved or full attention, the recomputed forward counted or not).
+- the optimizer step is fused (Megatron-LM, NeMo, DeepSpeed, Apex; a fused flag) unless the notes
+  say otherwise: a per-tensor loop (foreach=False, HF's adamw_hf, hand-written per-parameter
+  updates) or torch.optim's foreach default (adamw_torch, torch.optim.AdamW or Adam named non-fused).
 - Megatron-style bf16 and fp8 keep fp32 gradients; NeMo's and Megatron-Bridge's performance
   recipes, and notes that say so (grad_sync_dtype, grad_reduce_in_fp32), reduce them in bf16.
 - labels are read generously (layout.normalize_sharding_label, memory.precision_from_label):
@@ -423,7 +426,7 @@ def _layout_setup(row, spec: ModelSpec, part_year: int | None = None):
     setup = TrainSetup(seq_len=round(_int(row, "seq_len", spec.max_seq_len if spec else 2048) * fraction),
                        global_batch=batch, precision=precision, kernels=_kernels(row), fp8_recipe=_fp8_recipe(row),
                        grad_dtype=_grad_dtype(row, precision),
-                       optimizer=_optimizer(row), attention=_attention(row, part_year),
+                       optimizer=_optimizer(row), optimizer_impl=_optimizer_impl(row), attention=_attention(row, part_year),
                        tokens=tokens if tokens and tokens > 0 else None, goodput=_goodput(row),
                        offload=_offload(row, sharding), loss_kernel=_loss_kernel(row))
     return layout, setup
@@ -661,6 +664,29 @@ def _kernels(row) -> str:
         return "fused"
     eager = _source_names(row, _EAGER_SOURCES) or _HF_MODEL_CODE.search(notes)
     return "eager" if eager else "fused"
+
+
+# the optimizer step as the notes describe it (predict.OPTIMIZER_IMPLS): a per-tensor loop (torch's
+# foreach=False, Hugging Face's own adamw_hf, hand-written per-parameter updates); torch.optim's
+# multi-tensor default (foreach, "adamw_torch", torch.optim.AdamW or an Adam named non-fused, with
+# no fused flag); anything else, the fused kernels Megatron-LM, NeMo, DeepSpeed and Apex run
+_LOOP_OPTIMIZER = re.compile(r"foreach\s*=\s*false|\bfor[- ]loop\b|per[- ]param(eter)?\s+(python\s+)?loop|"
+                             r"\bpython loop\b|adamw[_ ]hf\b|single[_ -]tensor (adam|optimi[sz]er)")
+_FOREACH_OPTIMIZER = re.compile(r"\bforeach\b|adamw[_ ]torch\b(?![_ ]fused)|torch\.optim\.adamw?\b|"
+                                r"(adam\w*|optimi[sz]er)[^;.]{0,60}\b(non-fused|unfused|not fused)\b|"
+                                r"\b(non-fused|unfused|not fused)\s+(adam|optimi[sz]er)")
+_FUSED_OPTIMIZER = re.compile(r"fused\s*=\s*true|adamw[_ ]torch[_ ]fused|fused[ _-]?adam|"
+                              r"adam\w*\s*\(?(fused|apex)\b|(?<!non-)(?<!un)fused (adam|optimi[sz]er)")
+
+
+def _optimizer_impl(row) -> str:
+    """loop, foreach or fused, as the notes describe the optimizer step (a fused flag wins)."""
+    notes = _text(row, "flops_convention").lower()
+    if _FUSED_OPTIMIZER.search(notes):
+        return "fused"
+    if _LOOP_OPTIMIZER.search(notes):
+        return "loop"
+    return "foreach" if _FOREACH_OPTIMIZER.search(notes) else "fused"
 
 
 # loss kernels the notes name (memory.LOSS_KERNELS): Liger-Kernel (its models' patch replaces the

@@ -50,7 +50,7 @@ class ExecutionPlan:
     compile_mode: str = "default"                # "reduce-overhead" adds CUDA graphs
     compile_scope: str = "blocks"                # see COMPILE_SCOPES
     memory_format: str = "contiguous"            # see MEMORY_FORMATS (4-D weights and inputs)
-    optimizer: str = "fused"                     # AdamW implementation: fused | foreach | for-loop
+    optimizer: str = "fused"                     # optimizer implementation: fused | foreach | loop | torchao
     attention: str = "auto"                      # auto | sdpa | blocked (tensorpilot.attention)
     num_workers: int = 0                         # DataLoader worker processes
     layout: Layout = field(default_factory=Layout)

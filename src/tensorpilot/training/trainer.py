@@ -991,7 +991,7 @@ class Trainer:
                 spec, seq_len = planned
                 acc = local_accelerator(self.caps)
                 setup = local_setup(seq_len, global_batch=self.plan.samples_per_step, precision=self.plan.precision,
-                                    compiled=self.plan.compiled)
+                                    compiled=self.plan.compiled, optimizer_impl=self.plan.optimizer)
                 p = predict(spec, acc, self.plan.layout, setup)
                 out["formula"] = {"step_time_s": p.step_time_s, "memory_bytes": p.memory_bytes["total"],
                                   "hardware": p.hardware, "layout": p.layout, "n_devices": p.n_devices,
