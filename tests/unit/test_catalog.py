@@ -252,6 +252,7 @@ def test_loader_rejects_an_alias_claimed_by_two_entries():
     ("NVIDIA GeForce RTX 3080 Ti Laptop GPU", "rtx-3080-ti-laptop"),
     ("NVIDIA GeForce RTX 2060 SUPER", "rtx-2060-super"),
     ("Quadro RTX 8000", "quadro-rtx-8000"),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000-blackwell"),
 ])
 def test_normalize_real_device_names(device_name, key):
     assert normalize_device_name(device_name) == key
@@ -262,7 +263,8 @@ def test_normalize_real_device_names(device_name, key):
     "NVIDIA A10G",                        # AWS variant, different clocks: not the A10
     "NVIDIA L40G",                        # China L40 variant: neither the L40 nor the L40S
     "NVIDIA H800 PCIe",                   # not the H800 SXM
-    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",   # not catalogued
+    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",   # 300 W: not the catalogued 600 W card
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition",
     "GH200",                              # ambiguous: 96 GB HBM3 or 144 GB HBM3e
     "TPU7",                               # a different libtpu chip version than TPU7x
     "NVIDIA H100 80GB HBM3 MIG 1g.10gb",  # a MIG slice has a fraction of the peak
