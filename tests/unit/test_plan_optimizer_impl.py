@@ -141,3 +141,17 @@ def test_unknown_implementation_is_one_sentence():
 ])
 def test_validate_reads_the_implementation_from_the_notes(notes, impl):
     assert _optimizer_impl({"flops_convention": notes}) == impl
+
+
+def test_cli_plans_the_named_implementation(capsys):
+    import json
+
+    from tensorpilot.cli import main
+
+    flags = ["plan", "--model", "gpt2", "--gpu", "a100-sxm4-40gb", "--seq-len", "1024", "--global-batch", "8",
+             "--precision", "bf16-amp", "--json"]
+    steps = {}
+    for impl in ("fused", "foreach"):
+        assert main([*flags, "--optimizer-impl", impl]) == 0
+        steps[impl] = json.loads(capsys.readouterr().out)["time_breakdown_s"]["optimizer"]
+    assert steps["foreach"] == pytest.approx(steps["fused"] * 80 / 28)

@@ -296,7 +296,8 @@ def _setup(args, spec, replicas: int):
             raise UsageError(f"the default global batch, {replicas:,} replicas x --micro-batch {args.micro_batch:,}, "
                              f"exceeds {MAX_SEQUENCES:,} sequences; pass --global-batch.")
     return TrainSetup(seq_len=seq, global_batch=batch, precision=args.precision, optimizer=args.optimizer,
-                      optimizer_impl=args.optimizer_impl, attention=args.attention, kernels=args.kernels or "fused", fp8_recipe=args.fp8_recipe,
+                      optimizer_impl=args.optimizer_impl, attention=args.attention, kernels=args.kernels or "fused",
+                      fp8_recipe=args.fp8_recipe,
                       grad_dtype=args.grad_dtype, tokens=args.tokens,
                       price_per_hour=args.price_per_hour,
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None

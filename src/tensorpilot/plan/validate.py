@@ -426,7 +426,8 @@ def _layout_setup(row, spec: ModelSpec, part_year: int | None = None):
     setup = TrainSetup(seq_len=round(_int(row, "seq_len", spec.max_seq_len if spec else 2048) * fraction),
                        global_batch=batch, precision=precision, kernels=_kernels(row), fp8_recipe=_fp8_recipe(row),
                        grad_dtype=_grad_dtype(row, precision),
-                       optimizer=_optimizer(row), optimizer_impl=_optimizer_impl(row), attention=_attention(row, part_year),
+                       optimizer=_optimizer(row), optimizer_impl=_optimizer_impl(row),
+                       attention=_attention(row, part_year),
                        tokens=tokens if tokens and tokens > 0 else None, goodput=_goodput(row),
                        offload=_offload(row, sharding), loss_kernel=_loss_kernel(row))
     return layout, setup
