@@ -171,6 +171,23 @@ def test_gpu_step_from_kernels():
     assert s.seconds["host_overhead"] == approx(300 * US)
 
 
+def test_profiler_cost_on_a_gpu_comes_off_the_host_not_the_kernels():
+    """Kernel times come from the device timeline, which the profiler's host-side recording does not
+    stretch; on an H200 taking its cost off by host-event counts left a step's GEMMs at 0 ms."""
+    step = ev("tensorpilot.step#0", 0, 1000, ev("aten::mm", 0, 300), ev("aten::mm", 350, 300),
+              ev("aten::add", 700, 100))
+    kernels = [ev("nvjet_tst_128x256_64x4_2x1_v_bz_TNN", 100, 200, tid=-1),
+               ev("nvjet_tst_128x256_64x4_2x1_v_bz_TNN", 450, 200, tid=-1),
+               ev("vectorized_elementwise_kernel", 800, 50, tid=-1)]
+    s = bd.gpu_step(step, kernels)
+    # busy 450 us (GEMMs 400, elementwise 50); host 550
+    assert s.seconds["matmul_conv"] == approx(400 * US) and s.seconds["host_overhead"] == approx(550 * US)
+    c = bd.without_profiler(s, unprofiled_wall_s=700 * US)
+    # the 300 us the profiler added are host time: the kernels keep theirs, host 550 -> 250
+    assert c.seconds["matmul_conv"] == approx(400 * US) and c.seconds["elementwise"] == approx(50 * US)
+    assert c.seconds["host_overhead"] == approx(250 * US) and c.wall_s == approx(700 * US)
+
+
 class _KinetoEvent:
     """What events.device_kernels reads of torch's _KinetoEvent (no GPU in CI to record one)."""
 
