@@ -146,7 +146,9 @@ def _timm(arch: str) -> ModelSource:
         import timm
     except Exception as exc:              # noqa: BLE001 - absent, or a broken torchvision under it
         raise ConfigError(f"--model timm:{arch} needs timm, " + _import_failure("timm", exc) + ".") from None
-    if arch not in timm.list_models():
+    # is_model, not list_models(): create_model also takes 'arch.pretrained_tag' names and the ~200 names
+    # timm renamed in 0.9 (convnext_small_in22ft1k; it maps them with a warning), which the list leaves out
+    if not timm.is_model(arch):
         raise ConfigError(f"timm has no model {arch!r}; `python -c \"import timm; print(timm.list_models('*{arch[:4]}*'))\"` "
                           "lists the names.")
     build = lambda: timm.create_model(arch, pretrained=False)     # noqa: E731
