@@ -50,15 +50,17 @@ step env 30 bash -c "nvidia-smi --query-gpu=name,memory.total,power.limit,clocks
   $PY -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))';
   $PY -m pip list 2>/dev/null | grep -iE '^(torch|timm|transformers|accelerate|lightning|nvidia-ml-py|fastapi|uvicorn|torchao) '"
 # planned before running vs measured: models nobody here wrote, eager and torch.compile'd, against the
-# predictions committed in benchmarks/results/compiled_planned_c.json before the lease (the first five
-# have never run on a GPU here; the last two were measured on the second lease)
+# predictions committed before the lease (benchmarks/results/compiled_planned_c.json for an H100,
+# compiled_planned_h200.json for an H200); the third lease measured every eager step, and these four
+# compiled ones were cut by its time limits (inductor took 33-74 s a model on that VM, over 100 s for
+# efficientnet_b0)
 step compiled-steps 330 $PY benchmarks/compiled_steps.py measure --out "$OUT/compiled_measured.json" \
-    --models efficientnet_b0,hf_bert,swin_tiny,hf_pythia,mobilenetv3,resnet50,vit_base --limit-s 100
+    --models hf_pythia,vit_base,mobilenetv3,efficientnet_b0 --limit-s 160
 # the main job as a user types it: built-in default, device/precision/compile chosen automatically
 step train-default 120 $TP train --run-dir "$RUNS/default"
 keep "$RUNS/default/summary.json" train_default.json
 # the traced step's device-time breakdown (kernels only, cuBLAS's nvjet GEMMs as matmuls)
-step profile 60 $TP profile --size small --steps 30 --run-dir "$RUNS/profile"
+step profile 60 $TP profile --size small --steps 30 --run-dir "$RUNS/profile" --out "$RUNS/profile/report"
 # detection, datasheet peaks, measured ceilings (matmul per dtype, copy, pageable/pinned host<->device)
 step hw 20 $TP hw
 step hw-probe 90 bash -c "$TP hw --probe --allreduce-procs 0 --json > $OUT/hw.json && $TP hw --probe --allreduce-procs 0"
