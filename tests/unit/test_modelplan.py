@@ -421,3 +421,78 @@ def test_an_accelerator_op_is_timed_by_events_behind_the_flush_without_its_launc
 
     assert device_time_s(run, "cpu", Flush(), 3, event=Event) == pytest.approx(0.003)
     assert log == ["flush", "event", "op", "event"] * 3
+
+
+def _nchw_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1, groups=32),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+def test_nchw_half_convolutions_pay_cudnn_layout_transforms_by_hand():
+    from tensorpilot.modelplan import costs
+
+    def traced(memory_format):
+        with torch.device("meta"):
+            model = _nchw_net().to(memory_format=memory_format)
+        return trace_step(model, lambda: (torch.randn(4, 16, 8, 8), torch.zeros(4, dtype=torch.int64)),
+                          F.cross_entropy, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                          autocast_dtype=torch.float16, gpu_autocast=True)
+    convs = [o for o in traced(torch.contiguous_format).ops if "convolution" in o.op]
+    moved = {(o.op, o.module): costs.nchw_transpose_bytes(o) for o in convs}
+    x, y = 4 * 16 * 8 * 8 * 2, 4 * 32 * 8 * 8 * 2      # the first convolution's fp16 input and output
+    # forward: x to NHWC, y back, each read and written; backward: the weight gradient only (the
+    # network's input needs none): grad_output and x to NHWC
+    assert moved[("aten.convolution", "0")] == (2 * (x + y), 2)
+    assert moved[("aten.convolution_backward", "0")] == (2 * (y + x), 2)
+    assert moved[("aten.convolution", "2")] == moved[("aten.convolution_backward", "2")] == (0, 0)   # depthwise
+    # channels_last weights: the kernels' own layout; only the NCHW batch is converted, for the forward
+    # and again for the weight gradient
+    last = {(o.op, o.module): costs.nchw_transpose_bytes(o) for o in traced(torch.channels_last).ops
+            if "convolution" in o.op}
+    assert last == {("aten.convolution", "0"): (2 * x, 1), ("aten.convolution_backward", "0"): (2 * x, 1),
+                    ("aten.convolution", "2"): (0, 0), ("aten.convolution_backward", "2"): (0, 0)}
+    # the time: the bytes over the bandwidth plus one kernel floor per transform, on an NVIDIA part only
+    dc = DeviceCosts("x", False, {"fp16": 1e14}, [(1.0, 1e12)], op_overhead_s=3e-6, view_overhead_s=0.0)
+    on = DeviceCosts("x", False, {"fp16": 1e14}, [(1.0, 1e12)], op_overhead_s=3e-6, view_overhead_s=0.0,
+                     nchw_transposes=True)
+    fwd = next(o for o in convs if o.op == "aten.convolution" and o.module == "0")
+    assert on.op_time_s(fwd) - dc.op_time_s(fwd) == pytest.approx(2 * (x + y) / 1e12 + 2 * 3e-6)
+    from tensorpilot.hardware import catalog
+
+    assert costs.catalog_costs(catalog.get("h100-sxm")).nchw_transposes
+    assert not costs.catalog_costs(catalog.get("mi300x")).nchw_transposes
+
+
+def test_plan_memory_format_channels_last_drops_the_transforms_and_leaves_the_model_as_it_was():
+    from tensorpilot.hardware import catalog
+    from tensorpilot.modelplan import costs
+
+    src = sources.ModelSource("net", _nchw_net(), (16, 112, 112), torch.float32, 10)
+    acc = catalog.get("h100-sxm")
+    steps = {}
+    for fmt in ("contiguous", "channels_last"):
+        trace = planner.trace_source(src, batch_size=256, precision="fp16", optimizer="sgd", gpu_autocast=True,
+                                     memory_format=fmt)
+        steps[fmt] = planner.plan_catalog(trace, src, acc, batch_size=256, precision="fp16", optimizer="sgd")
+    # a device-bound step (256 x 16 x 112 x 112): NCHW transforms x and y forward and again for the weight
+    # gradient, 4 (x + y) bytes; channels_last converts only the batch, 4 x: the saving is 4 y over the
+    # bandwidth (the other ops' few extra kernels in NHWC aside)
+    assert steps["contiguous"].time_breakdown_s["host"] == steps["channels_last"].time_breakdown_s["host"] == 0
+    y = 256 * 32 * 112 * 112 * 2
+    saved = steps["contiguous"].step_time_s - steps["channels_last"].step_time_s
+    assert saved == pytest.approx(4 * y / costs.catalog_costs(acc).bytes_per_s(4 * y), rel=0.1)
+    assert src.model[0].weight.is_contiguous()                 # the trace's layout was undone
+
+
+def test_plan_cli_memory_format(capsys):
+    import json
+
+    from tensorpilot.cli import main
+
+    compute = {}
+    for fmt in ("contiguous", "channels_last"):
+        assert main(["plan", "--model", "cnn", "--gpu", "h100-sxm", "--precision", "bf16", "--batch-size", "512",
+                     "--memory-format", fmt, "--json"]) == 0
+        compute[fmt] = json.loads(capsys.readouterr().out)["time_breakdown_s"]["compute"]
+    # the built-in cnn's bf16 convolutions in NCHW carry cuDNN's transforms; in channels_last they do not
+    assert compute["channels_last"] < compute["contiguous"]

@@ -37,6 +37,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "output's sum, or your function(output, targets).")
     a.add_argument("--optim", choices=["adamw", "sgd", "adafactor", "adamw8bit"], default=None,
                    help="The optimizer, as train's --optim.name (default: adamw).")
+    a.add_argument("--memory-format", choices=["contiguous", "channels_last"], default="contiguous",
+                   help="The model's 4-D tensors as train's channels_last option lays them out: contiguous (NCHW, "
+                        "PyTorch's default; on an NVIDIA GPU a 16-bit convolution is then run between cuDNN's "
+                        "NCHW<->NHWC transforms) or channels_last (NHWC) (default: contiguous).")
     a.add_argument("--top-k", type=argtypes.integer(1, 10_000), default=10, metavar="K",
                    help="Modules and ops to list (default: 10).")
     a.add_argument("--no-calibration", action="store_true",
@@ -137,7 +141,8 @@ def _cmd_traced(args) -> int:
     gpu_autocast = planner.autocasts_like_cuda(acc) if acc is not None \
         else args.device.split(":")[0] in ("cuda", "xpu")
     trace = planner.trace_source(src, batch_size=batch, precision=precision, optimizer=optimizer, loss=loss,
-                                 input_shape=shape, input_dtype=dtype, gpu_autocast=gpu_autocast)
+                                 input_shape=shape, input_dtype=dtype, gpu_autocast=gpu_autocast,
+                                 memory_format=args.memory_format)
     if args.kernels == "fused":                     # the step under torch.compile
         from tensorpilot.modelplan.fusion import fuse
 

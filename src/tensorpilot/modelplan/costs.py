@@ -47,6 +47,13 @@ REPLAY_MIN_BYTES = 256 << 10
 # so it shows only when a model's ops are too small to keep the GPU busy. ``--gpu local``
 # measures it instead.
 CATALOG_HOST_PER_OP_S = 10e-6
+# cuDNN's tensor-core convolution kernels take NHWC (channels_last) tensors: a 16-bit convolution given NCHW
+# ones is run between layout transforms, its input (and, backward, grad_output) transposed to NHWC and
+# its result back (nchwToNhwcKernel / nhwcToNchwKernel in a profile), each a read and a write of the
+# tensor (NVIDIA Deep Learning Performance Guide, "Convolutional Layers: Tensor Layouts in Memory:
+# NCHW vs NHWC"). Depthwise convolutions are not routed through them (PyTorch's own depthwise kernels
+# take either layout). `plan --memory-format channels_last` traces the model in NHWC: none.
+NCHW_TRANSPOSED_DTYPES = ("float16", "bfloat16")
 # Normalisations whose statistics reduce over more than one row read their operands twice: the
 # reduction must finish before any element is normalised, and a tensor larger than the chip's
 # cache comes from memory both times. PyTorch's CUDA kernels: batch norm's statistics then its
@@ -79,6 +86,7 @@ class DeviceCosts:
     gemm_half_depth: dict[str, float] = field(default_factory=dict)
     measured_cold_s: dict[str, float] = field(default_factory=dict)   # signature -> seconds, operands in memory
     cache_bytes: float = 0.0                       # traffic after which an operand has left the caches
+    nchw_transposes: bool = False                  # NCHW 16-bit convolutions pay cuDNN's layout transforms
 
     def bytes_per_s(self, nbytes: float) -> float:
         """Bandwidth for a working set of ``nbytes``: log-linear between the measured sizes."""
@@ -114,7 +122,12 @@ class DeviceCosts:
         if half and op.op_class != ATTENTION:
             depth = _reduction_depth(op)
             rate *= depth / (depth + half)
-        return max(op.flops / rate, memory) + self.op_overhead_s
+        own = max(op.flops / rate, memory) + self.op_overhead_s
+        if self.nchw_transposes:
+            moved, kernels = nchw_transpose_bytes(op)
+            if moved:
+                own += moved / self.bytes_per_s(moved) + kernels * self.op_overhead_s
+        return own
 
 
 def second_pass_bytes(op: OpRecord) -> int:
@@ -129,6 +142,34 @@ def second_pass_bytes(op: OpRecord) -> int:
     if "batch_norm" in op.op and not op.op.endswith("_backward") and not args[5]:
         return 0                                   # training=False
     return sum(spec_bytes(args[i]) for i in at if isinstance(args[i], TensorSpec))
+
+
+def nchw_transpose_bytes(op: OpRecord) -> tuple[int, int]:
+    """(bytes, kernels) of the layout transforms around a 16-bit convolution on NCHW tensors
+    (``NCHW_TRANSPOSED_DTYPES``): forward, the input to NHWC and the output back; backward, for each
+    of the data- and the weight-gradient kernels, grad_output and the input (or the input's gradient)
+    -- each tensor moved twice (read and written). (0, 0) for another op, a
+    depthwise convolution, or channels_last operands. Weights (small) are left out."""
+    if op.op not in ("aten.convolution", "aten.convolution_backward") or op.replay is None \
+            or op.dtype not in NCHW_TRANSPOSED_DTYPES:
+        return 0, 0
+    args = op.replay[1]
+    forward = op.op == "aten.convolution"
+    x, w = (args[0], args[1]) if forward else (args[1], args[2])
+    groups = args[8] if forward else args[9]
+    if not isinstance(x, TensorSpec) or len(x.shape) != 4 or x.shape[1] < 2 or x.stride[1] == 1:
+        return 0, 0                                  # channels_last (NHWC): the kernels' own layout
+    if groups > 1 and groups == x.shape[1]:
+        return 0, 0                                  # depthwise
+    if isinstance(w, TensorSpec) and len(w.shape) == 4 and w.shape[1] > 1 and w.stride[1] == 1:
+        # channels_last weights (train's channels_last moves the weights, not the batch): PyTorch runs
+        # the convolution in NHWC and converts only the NCHW input, for the forward and the weight gradient
+        return (2 * spec_bytes(x), 1) if forward or args[-1][1] else (0, 0)
+    if forward:
+        return 2 * (spec_bytes(x) + op.bytes_written), 2
+    grad_out, mask = args[0], args[-1]
+    kernels = bool(mask[0]) + bool(mask[1])          # data gradient: grad_out in, grad_input out; weight
+    return 2 * kernels * (spec_bytes(grad_out) + spec_bytes(x)), 2 * kernels   # gradient: grad_out and input in
 
 
 def _reduction_depth(op: OpRecord) -> float:
@@ -163,7 +204,7 @@ def catalog_costs(acc: Any) -> DeviceCosts:
     bw = cal.streaming_bytes_per_s(acc)
     return DeviceCosts(acc.key, False, compute, [(1.0, bw)], op_overhead_s=cal.KERNEL_FLOOR_S, view_overhead_s=0.0,
                        host_per_op_s=CATALOG_HOST_PER_OP_S, async_host=True, attention_flops_per_s=attention,
-                       gemm_half_depth=half)
+                       gemm_half_depth=half, nchw_transposes=acc.vendor == "NVIDIA")
 
 
 # ---------------------------------------------------------------------------- this machine

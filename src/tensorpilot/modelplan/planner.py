@@ -58,10 +58,12 @@ def _inputs(source: ModelSource, input_shape: tuple[int, ...] | None, input_dtyp
 def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32", optimizer: str = "adamw",
                  loss: Loss | None = None, input_shape: tuple[int, ...] | None = None,
                  input_dtype: torch.dtype | None = None, device: str = "cpu", clip_grad_norm: bool = True,
-                 gpu_autocast: bool = False) -> StepTrace:
+                 gpu_autocast: bool = False, memory_format: str = "contiguous") -> StepTrace:
     """One step of ``source``'s model traced symbolically, gradients clipped as ``tensorpilot
     train`` clips them by default; one sentence when it cannot be. ``gpu_autocast``: cast as a
-    GPU's autocast does (a plan of a GPU; ``autocasts_like_cuda``)."""
+    GPU's autocast does (a plan of a GPU; ``autocasts_like_cuda``). ``memory_format``
+    "channels_last": the model's 4-D weights in NHWC, as train's channels_last moves them (the
+    convolutions' outputs follow their weights' layout), for the trace only."""
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}.")
     shape, dtype = _inputs(source, input_shape, input_dtype)
@@ -70,6 +72,8 @@ def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32
                           "training step has nothing to update: plan a model with at least one parameter that trains.")
     loss = loss or Loss.parse(None, source.loss_fn)
     make = batch_maker(shape, dtype, batch_size, source.int_high, device)
+    if memory_format == "channels_last":
+        source.model.to(memory_format=torch.channels_last)
     try:
         trace = trace_step(source.model, make, loss, optimizer_factory(optimizer, device.split(":")[0]),
                            device=device, autocast_dtype=AUTOCAST.get(precision), clip_grad_norm=clip_grad_norm,
@@ -91,6 +95,9 @@ def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32
                     "needs a PKG.MOD:FACTORY wrapping it in a module that takes one tensor)")
         raise ConfigError(f"cannot trace {source.name} symbolically: {where} failed with {cause[:200]}; "
                           f"{todo}.") from None
+    finally:
+        if memory_format == "channels_last":
+            source.model.to(memory_format=torch.contiguous_format)
     if source.built_on != "meta":
         trace.notes.append(f"{source.name}'s constructor reads tensor values, so it was built once on the CPU "
                            "(the trace itself ran without memory)")
