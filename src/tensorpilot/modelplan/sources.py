@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -152,7 +153,14 @@ def _timm(arch: str) -> ModelSource:
         raise ConfigError(f"timm has no model {arch!r}; `python -c \"import timm; print(timm.list_models('*{arch[:4]}*'))\"` "
                           "lists the names.")
     build = lambda: timm.create_model(arch, pretrained=False)     # noqa: E731
-    model, on = _on_meta(build)
+    try:
+        model, on = _on_meta(build)
+    except RuntimeError as exc:           # a renamed name whose tag timm has since dropped, 'arch.no_such_tag'
+        why = first_line(exc).rstrip(".")
+        named = re.search(r" for ([\w.-]+)$", why)     # timm: 'Invalid pretrained tag (sam) for vit_base_patch32_224.'
+        base = named.group(1) if named else arch.split(".")[0]
+        raise ConfigError(f"timm cannot build {arch!r}: {why}; `python -c \"import timm; "
+                          f"print(timm.list_models('{base}', pretrained=True))\"` lists its tags.") from None
     size = tuple(getattr(model, "pretrained_cfg", {}).get("input_size") or (3, 224, 224))
     classes = getattr(model, "num_classes", 1000)
     return ModelSource(f"timm:{arch}", model, size, torch.float32, int(classes), built_on=on, build=build)
