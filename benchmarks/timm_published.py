@@ -25,6 +25,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -118,17 +119,34 @@ def load_plans(path: str) -> dict[tuple[str, str], dict]:
     return plans
 
 
-def errors(plans: dict) -> list[dict]:
-    """One entry per published row that was planned in its layout: planned / published - 1 on the step time."""
+def errors(plans: dict, layout_blind: bool = False) -> list[dict]:
+    """One entry per published row that was planned in its layout: planned / published - 1 on the step time.
+    ``layout_blind``: every row against the plan without layout transforms, as the planner before
+    the transforms were modelled (8fbe630) planned NCHW and NHWC alike."""
     out = []
     for r in published_rows():
-        p = plans.get(("%s@%d@%d" % (r["model"], r["batch_size"], r["img_size"]), r["layout"]))
+        p = plans.get(("%s@%d@%d" % (r["model"], r["batch_size"], r["img_size"]), "nhwc" if layout_blind
+                       else r["layout"]))
         if not p or "step_s" not in p:
             continue
         out.append({"model": r["model"], "layout": r["layout"], "half": half(r["model"]),
                     "published_ms": r["train_step_ms"], "planned_ms": p["step_s"] * 1e3,
                     "error": p["step_s"] * 1e3 / r["train_step_ms"] - 1})
     return out
+
+
+# For reading the report only (no rule uses them): models by name into three families
+_ATTENTION = re.compile(r"vit|deit|beit|cait|crossvit|coat|xcit|swin|twins|pit_|tnt|mixer|resmlp|gmlp|gmixer|convit|"
+                        r"levit|sequencer|volo|pvt|visformer|botnet|halonet|eva|maxvit|coatnet|nest_")
+_DEPTHWISE = re.compile(r"efficientnet|mobilenet|mnasnet|mixnet|ghostnet|rexnet|convmixer|tinynet|fbnet|lcnet|"
+                        r"hardcorenas|semnasnet|spnasnet|edgenext|mobilevit|convnext|regnetz|nfnet|_dw|xception|"
+                        r"lambda|dla.*x|poolformer|efficientformer|mobileone|fastvit")
+
+
+def family(name: str) -> str:
+    if _ATTENTION.search(name):
+        return "attention / MLP"
+    return "depthwise / grouped-heavy" if _DEPTHWISE.search(name) else "dense convolutional"
 
 
 def _summary(rows: list[dict]) -> str:
@@ -150,6 +168,15 @@ def report(args) -> int:
             sel = [r for r in rows if r["half"] == part and r["layout"] == layout]
             print(f"{part:5} {layout}: {_summary(sel)}")
     print(f"all: {_summary(rows)}")
+    blind = errors(plans, layout_blind=True)
+    for part in ("tune", "check"):
+        sel = [r for r in blind if r["half"] == part and r["layout"] == "nchw"]
+        print(f"{part:5} nchw without the layout transforms (the planner before 8fbe630): {_summary(sel)}")
+    for fam in ("dense convolutional", "depthwise / grouped-heavy", "attention / MLP"):
+        for layout in ("nchw", "nhwc"):
+            sel = [r for r in rows if r["layout"] == layout and family(r["model"]) == fam]
+            before = [r for r in blind if r["layout"] == layout and family(r["model"]) == fam]
+            print(f"{fam} {layout}: {_summary(sel)}; without the transforms: {_summary(before)}")
     if args.rows:
         for r in sorted(rows, key=lambda r: r["error"]):
             if r["half"] == args.rows or args.rows == "all":
