@@ -95,6 +95,8 @@ def _worker(keys: list[list], out: str, kernels: str) -> None:
 
 def plan(args) -> int:
     keys = sorted({(r["model"], r["batch_size"], r["img_size"]) for r in published_rows() if half(r["model"])})
+    if args.family:
+        keys = [k for k in keys if family(k[0]) in args.family.split(",")]
     if args.limit:
         keys = keys[:args.limit]
     out = Path(args.out)
@@ -196,6 +198,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=2, help="processes")
     p.add_argument("--limit", type=int, default=0, help="plan only the first N sampled models (a smoke test)")
     p.add_argument("--kernels", choices=["eager", "fused"], default="eager")
+    p.add_argument("--family", default="", help="plan only these families (comma-separated names of family())")
     r = sub.add_parser("report")
     r.add_argument("--planned", required=True)
     r.add_argument("--rows", choices=["tune", "check", "all"], help="also list each row of that half")

@@ -5,10 +5,9 @@ benchmarks/RESULTS.md sets beside a GPU profile (benchmarks/kernel_breakdown.py)
 
 ``resnet50`` is a name of compiled_steps.MODELS (its factory, input and batch). Prints the step's
 kernel count (non-view ops), then per (op, phase): count, GB moved (with the normalisations'
-second pass, costs.second_pass_bytes) and planned ms; and what cuDNN's NCHW <-> NHWC transposes
-would move if every 16-bit NCHW convolution were transposed around its tensor-core kernel (input
-and output of the forward; grad_output twice, input, and grad_input of the backward), at the
-catalog's bandwidth x MEMORY_BW_FRACTION.
+second pass, costs.second_pass_bytes) and planned ms; and what cuDNN's NCHW <-> NHWC transforms
+around the 16-bit NCHW convolutions move (costs.nchw_transpose_bytes, included in the planned ms on
+an NVIDIA part), at the catalog's bandwidth x MEMORY_BW_FRACTION.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ def main() -> int:
     from compiled_steps import MODELS
     from tensorpilot.hardware import catalog
     from tensorpilot.modelplan import planner, sources
-    from tensorpilot.modelplan.costs import catalog_costs, second_pass_bytes, spec_bytes
-    from tensorpilot.observe.trace import CONV, VIEW
+    from tensorpilot.modelplan.costs import catalog_costs, nchw_transpose_bytes, second_pass_bytes
+    from tensorpilot.observe.trace import VIEW
     from tensorpilot.plan import calibration as cal
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -53,15 +52,7 @@ def main() -> int:
         row[0] += 1
         row[1] += (op.bytes_read + op.bytes_written + second_pass_bytes(op)) / 1e9
         row[2] += costs.op_time_s(op) * 1e3
-        if op.op_class == CONV and op.replay is not None:
-            a = op.replay[1]
-            x = a[0] if op.op == "aten.convolution" else a[1]
-            if x.dtype.itemsize == 2 and len(x.shape) == 4 and x.stride[1] != 1:       # 16-bit NCHW
-                if op.op == "aten.convolution":
-                    transposed += spec_bytes(x) + op.bytes_written
-                else:
-                    go, mask = a[0], a[-1]
-                    transposed += 2 * spec_bytes(go) + spec_bytes(x) + (spec_bytes(x) if mask[0] else 0)
+        transposed += nchw_transpose_bytes(op)[0]
     print(f"{args.model} on {acc.key}, batch {batch}: {sum(int(r[0]) for r in kinds.values())} kernels a step "
           f"(non-view ops), planned {sum(r[2] for r in kinds.values()):.2f} ms")
     print(f"{'op':46s} {'phase':9s} {'count':>5s} {'GB':>7s} {'ms':>7s}")
@@ -69,8 +60,8 @@ def main() -> int:
         print(f"{name:46s} {phase:9s} {int(n):5d} {gb:7.2f} {ms:7.2f}")
     if transposed:
         bw = acc.mem_bw_gb_per_s * 1e9 * cal.MEMORY_BW_FRACTION
-        print(f"every 16-bit NCHW convolution transposed to NHWC and back: {2 * transposed / 1e9:.2f} GB, "
-              f"{2 * transposed / bw * 1e3:.2f} ms")
+        print(f"cuDNN's NCHW <-> NHWC transforms around the 16-bit convolutions: {transposed / 1e9:.2f} GB, "
+              f"{transposed / bw * 1e3:.2f} ms")
     return 0
 
 

@@ -425,7 +425,7 @@ def test_an_accelerator_op_is_timed_by_events_behind_the_flush_without_its_launc
 
 def _nchw_net() -> nn.Module:
     return nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1, groups=32),
-                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+                         nn.ReLU(), nn.Conv2d(32, 32, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
 
 
 def test_nchw_half_convolutions_pay_cudnn_layout_transforms_by_hand():
@@ -445,12 +445,18 @@ def test_nchw_half_convolutions_pay_cudnn_layout_transforms_by_hand():
     assert moved[("aten.convolution", "0")] == (2 * (x + y), 2)
     assert moved[("aten.convolution_backward", "0")] == (2 * (y + x), 2)
     assert moved[("aten.convolution", "2")] == moved[("aten.convolution_backward", "2")] == (0, 0)   # depthwise
+    # a 1x1 convolution on NCHW tensors is transformed like any other, although its contiguous weight's
+    # strides also read as channels_last: y in and out forward; grad_output and input, for each of its
+    # two backward kernels
+    assert moved[("aten.convolution", "4")] == (4 * y, 2)
+    assert moved[("aten.convolution_backward", "4")] == (2 * 2 * 2 * y, 4)
     # channels_last weights: the kernels' own layout; only the NCHW batch is converted, for the forward
     # and again for the weight gradient
     last = {(o.op, o.module): costs.nchw_transpose_bytes(o) for o in traced(torch.channels_last).ops
             if "convolution" in o.op}
     assert last == {("aten.convolution", "0"): (2 * x, 1), ("aten.convolution_backward", "0"): (2 * x, 1),
-                    ("aten.convolution", "2"): (0, 0), ("aten.convolution_backward", "2"): (0, 0)}
+                    ("aten.convolution", "2"): (0, 0), ("aten.convolution_backward", "2"): (0, 0),
+                    ("aten.convolution", "4"): (0, 0), ("aten.convolution_backward", "4"): (0, 0)}
     # the time: the bytes over the bandwidth plus one kernel floor per transform, on an NVIDIA part only
     dc = DeviceCosts("x", False, {"fp16": 1e14}, [(1.0, 1e12)], op_overhead_s=3e-6, view_overhead_s=0.0)
     on = DeviceCosts("x", False, {"fp16": 1e14}, [(1.0, 1e12)], op_overhead_s=3e-6, view_overhead_s=0.0,
@@ -474,13 +480,14 @@ def test_plan_memory_format_channels_last_drops_the_transforms_and_leaves_the_mo
         trace = planner.trace_source(src, batch_size=256, precision="fp16", optimizer="sgd", gpu_autocast=True,
                                      memory_format=fmt)
         steps[fmt] = planner.plan_catalog(trace, src, acc, batch_size=256, precision="fp16", optimizer="sgd")
-    # a device-bound step (256 x 16 x 112 x 112): NCHW transforms x and y forward and again for the weight
-    # gradient, 4 (x + y) bytes; channels_last converts only the batch, 4 x: the saving is 4 y over the
-    # bandwidth (the other ops' few extra kernels in NHWC aside)
+    # a device-bound step (256 x 16 x 112 x 112): NCHW transforms the first convolution's x and y forward
+    # and again for its weight gradient, 4 (x + y) bytes, and the 1x1 one's y in and out, forward and for
+    # both backward kernels, 12 y; channels_last converts only the batch, 4 x: the saving is 16 y over
+    # the bandwidth (the other ops' few extra kernels in NHWC aside)
     assert steps["contiguous"].time_breakdown_s["host"] == steps["channels_last"].time_breakdown_s["host"] == 0
     y = 256 * 32 * 112 * 112 * 2
     saved = steps["contiguous"].step_time_s - steps["channels_last"].step_time_s
-    assert saved == pytest.approx(4 * y / costs.catalog_costs(acc).bytes_per_s(4 * y), rel=0.1)
+    assert saved == pytest.approx(16 * y / costs.catalog_costs(acc).bytes_per_s(16 * y), rel=0.1)
     assert src.model[0].weight.is_contiguous()                 # the trace's layout was undone
 
 

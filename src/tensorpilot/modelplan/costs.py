@@ -161,7 +161,10 @@ def nchw_transpose_bytes(op: OpRecord) -> tuple[int, int]:
         return 0, 0                                  # channels_last (NHWC): the kernels' own layout
     if groups > 1 and groups == x.shape[1]:
         return 0, 0                                  # depthwise
-    if isinstance(w, TensorSpec) and len(w.shape) == 4 and w.shape[1] > 1 and w.stride[1] == 1:
+    # a 1x1 weight's strides read alike in both layouts (PyTorch takes such a weight as NCHW and lets the
+    # input decide); a k x k one with unit channel stride is channels_last
+    if isinstance(w, TensorSpec) and len(w.shape) == 4 and w.shape[1] > 1 and w.shape[2] * w.shape[3] > 1 \
+            and w.stride[1] == 1:
         # channels_last weights (train's channels_last moves the weights, not the batch): PyTorch runs
         # the convolution in NHWC and converts only the NCHW input, for the forward and the weight gradient
         return (2 * spec_bytes(x), 1) if forward or args[-1][1] else (0, 0)
