@@ -49,6 +49,9 @@ keep() {      # keep SRC DEST: copy a result file under $OUT if it exists
 step env 30 bash -c "nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv;
   $PY -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))';
   $PY -m pip list 2>/dev/null | grep -iE '^(torch|timm|transformers|accelerate|lightning|nvidia-ml-py|fastapi|uvicorn|torchao) '"
+# the traced step's device-time breakdown (kernels only, cuBLAS's nvjet GEMMs as matmuls); first:
+# 6fa83d9 moved the profiler's own cost off the host share and has not run on a GPU yet)
+step profile 60 $TP profile --size small --steps 30 --run-dir "$RUNS/profile" --out "$RUNS/profile/report"
 # planned before running vs measured: models nobody here wrote, eager and torch.compile'd, against the
 # predictions committed before the lease (benchmarks/results/compiled_planned_c.json for an H100,
 # compiled_planned_h200.json for an H200); the third lease measured every eager step, and these four
@@ -59,8 +62,6 @@ step compiled-steps 330 $PY benchmarks/compiled_steps.py measure --out "$OUT/com
 # the main job as a user types it: built-in default, device/precision/compile chosen automatically
 step train-default 120 $TP train --run-dir "$RUNS/default"
 keep "$RUNS/default/summary.json" train_default.json
-# the traced step's device-time breakdown (kernels only, cuBLAS's nvjet GEMMs as matmuls)
-step profile 60 $TP profile --size small --steps 30 --run-dir "$RUNS/profile" --out "$RUNS/profile/report"
 # detection, datasheet peaks, measured ceilings (matmul per dtype, copy, pageable/pinned host<->device)
 step hw 20 $TP hw
 step hw-probe 90 bash -c "$TP hw --probe --allreduce-procs 0 --json > $OUT/hw.json && $TP hw --probe --allreduce-procs 0"

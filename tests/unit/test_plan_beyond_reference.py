@@ -1086,6 +1086,11 @@ def test_plans_cli_choices_are_the_planners_registries():
     # PaLM's formula counts every score, however the notes describe the model's attention
     ("mfu", "tokens/s x (6N + 12*L*H*Q*T) / (GPUs x 312 TFLOP/s), i.e. with causal attention flops", ("full", False)),
     ("mfu", "6N + 12*L*H*Q*T / 2 (attention halved for causal)", ("causal", False)),
+    # an attention term written out after the 6 N, with or without its 12 L H Q T
+    ("mfu", "100 x (6 x active params + 12 x layers x heads x head_dim x seq) x tokens/s / peak, i.e. 6N without "
+     "embedding + non-causal attention FLOPs, recompute not counted", ("full", False)),
+    ("achieved_tflops_per_gpu", "MaxText's own count (weight matmuls 6*N-like + causal attention, no recompute counted)",
+     ("causal", False)),
     # a model size that starts with 6 is not a 6 N count
     ("mfu", "GPT-3 configs from ds_pretrain_gpt_6.7B.sh (2.7B 32x2560x32, 6.7B 32x4096x32)", ("full", False)),
     ("achieved_tflops_per_gpu", "row 2x v5e-256 (512 chips), 64B columns: TFLOP/sec/chip", ("full", True)),
@@ -1166,7 +1171,7 @@ def test_rows_say_which_dtype_their_gradients_were_reduced_in(precision, notes, 
 
 @pytest.mark.parametrize("notes,source,expected", [
     ("", "NVIDIA/NeMo docs/source/performance/performance_summary.md", "flash"),      # the source's software
-    ("flash attention (flash-attn 2)", "a paper", "flash"),
+    ("flash attention (flash-attn 2)", "a paper", "flash2"),
     ("", "a paper", "materialized"),
     ("no flash attention", "a paper", "materialized"),
     ("flash attention not used by this DLE BERT code", "lambdal/deeplearning-benchmark", "materialized"),
@@ -1189,9 +1194,12 @@ def test_rows_say_which_dtype_their_gradients_were_reduced_in(precision, notes, 
     ("-x (xformers memory-efficient attention)", "hpcaitech/ColossalAI", "flash1"),
     ("xformers SwiGLU, FSDP", "a paper", "materialized"),                  # xformers, but not its attention
     ("PyTorch 2.0 scaled_dot_product_attention (flash) in model.py", "karpathy/nanoGPT", "flash1"),
-    ("torch 2.1.1, flash_attn 2.3.4", "a repo", "flash"),
+    ("torch 2.1.1, flash_attn 2.3.4", "a repo", "flash2"),          # FlashAttention-2 itself
     ("PyTorch 2.4, sdpa", "a repo", "flash"),
-    ("README history 'fa1 -> fa2' rerun", "a repo", "flash"),
+    ("README history 'fa1 -> fa2' rerun", "a repo", "flash2"),
+    ("HF attn_implementation flash_attention_2", "a repo", "flash2"),
+    ("attn_implementation flash_attention_3 (FA3; FA2 was slower)", "a repo", "flash"),    # a later one named
+    ("FlashAttention-4 (CuTe DSL) on sm_100", "a repo", "flash"),
     ("framework: PyTorch 2.0.1a0, fused SDPA on", "Intel-HabanaLabs", "flash"),   # Gaudi's own kernel
     ("attention is FlexAttention with a document-causal block mask", "a speedrun log", "flash"),
 ])
@@ -1254,6 +1262,65 @@ def test_first_generation_flash_kernels_take_twice_the_attention_time_and_the_sa
     p2 = predict(spec, catalog.get("a100-sxm4-80gb"), Layout(dp=8), setup)
     assert p1.memory_bytes == p2.memory_bytes
     assert p1.step_time_s > p2.step_time_s
+
+
+def test_flash_attention_2_on_blackwell_attends_at_its_own_measured_rate():
+    """flash-attn 2.x on a B200 runs at about its Hopper speed (~340 TFLOP/s forward + backward at
+    head_dim 128: flash-attention issue #1589, tritonbench pull request #171), not at the part's
+    fused rate; on an H100 or A100 the calibrated fraction is FlashAttention-2's own, so naming
+    it changes nothing there."""
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    spec = get_model("llama2-7b")                       # head_dim 128: no narrow-head factor
+    kw = dict(seq_len=8192, micro_batch=1, tp=1, sequence_parallel=False, e=2)
+    flops = 2 * 2 * spec.heads * 8192 * 8192 / 2 * spec.head_dim          # causal forward core
+    b200 = catalog.get("b200")
+    fa2 = device_rates(b200, "bf16", attention="flash2")
+    assert fa2.attention_flops_per_s == pytest.approx(340e12)
+    assert tm.layer_times(spec, fa2, attention="flash2", **kw).attention_fwd_s == pytest.approx(flops / 340e12)
+    fused = device_rates(b200, "bf16")
+    assert fused.attention_flops_per_s == pytest.approx(
+        b200.peak_flops_per_s("bf16") * cal.SUSTAINED_COMPUTE_FRACTION * cal.DEFAULT_FLASH_ATTENTION_PEAK_FRACTION)
+    assert fa2.matmul_flops_per_s == fused.matmul_flops_per_s        # only the attention kernel differs
+    setup = TrainSetup(seq_len=8192, global_batch=8, precision="bf16")
+    p2 = predict(spec, b200, Layout(dp=8), dataclasses_replace(setup, attention="flash2"))
+    p = predict(spec, b200, Layout(dp=8), setup)
+    assert p2.step_time_s > p.step_time_s and p2.memory_bytes == p.memory_bytes
+    for key in ("h100-sxm", "a100-sxm4-80gb"):
+        acc = catalog.get(key)
+        assert device_rates(acc, "bf16", attention="flash2") == device_rates(acc, "bf16")
+        assert predict(spec, acc, Layout(dp=8), dataclasses_replace(setup, attention="flash2")).step_time_s \
+            == predict(spec, acc, Layout(dp=8), setup).step_time_s
+
+
+def test_an_fp8_runs_mfu_over_the_bf16_peak_is_predicted_over_it():
+    """torchtitan divides float8 runs' MFU by the bf16 peak (its get_peak_flops knows no other);
+    NVIDIA's dgxc tables by the fp8 one. The same run, read both ways, differs by the ratio of the
+    two datasheet peaks, and its throughput not at all."""
+    from tensorpilot.plan.validate import _bf16_mfu_peak, _layout_setup, _spec, predict_row
+
+    row = {**_LLAMA_ROW, "precision": "fp8", "metric": "mfu", "value": "40", "unit": "%"}
+    bf16_peak = predict_row({**row, "flops_convention": "float8 rowwise; MFU over the 989 TFLOPS bf16 peak, used "
+                                                        "even for float8 runs"}).predicted
+    fp8_peak = predict_row({**row, "flops_convention": "float8 rowwise; MFU: peak = 989 TFLOPS for BF16 and 1979 "
+                                                       "TFLOPS for FP8"}).predicted
+    unstated = predict_row({**row, "flops_convention": "float8 rowwise"}).predicted
+    h100 = catalog.get("h100-sxm")
+    assert bf16_peak / fp8_peak == pytest.approx(h100.peak_flops_per_s("fp8") / h100.peak_flops_per_s("bf16"))
+    assert unstated == fp8_peak
+    tokens = {**row, "metric": "tokens_per_s_per_gpu", "value": "6000", "unit": "tokens/s/GPU"}
+    assert predict_row({**tokens, "flops_convention": "float8 rowwise; bf16 peak"}).predicted \
+        == predict_row({**tokens, "flops_convention": "float8 rowwise"}).predicted
+
+    def reads_bf16(notes, precision="fp8"):
+        r = {**row, "precision": precision, "flops_convention": notes}
+        return _bf16_mfu_peak(r, _layout_setup(r, _spec(r))[1])
+
+    assert reads_bf16("torchtitan 8B, float8 rowwise")              # torchtitan's peak is the bf16 one
+    assert not reads_bf16("torchtitan; bf16 peak", precision="bf16")  # a bf16 run is over it anyway
+    assert not reads_bf16("MFU formula / peak not stated (B200 FP8 or BF16 peak unknown)")
 
 
 def test_narrow_heads_run_fused_attention_slower_per_flop():
@@ -1688,6 +1755,9 @@ def test_a_chunked_or_fused_loss_holds_the_logits_as_its_kernel_does_by_hand(tp)
     ("HF Trainer with --use_liger_kernel, flash_attn", "fused"),
     ("Liger-Kernel fused linear cross entropy patch", "fused"),
     ("no liger kernel; plain cross-entropy", "whole"),
+    # Liger's plain cross-entropy runs over logits the output layer materialised
+    ("SFT trainer materialises full logits and uses Liger's LigerCrossEntropyLoss", "whole"),
+    ("Liger kernels: rms_norm, swiglu, LigerFusedLinearCrossEntropyLoss (not LigerCrossEntropyLoss)", "fused"),
     ("torchtune full finetune, chunked cross-entropy (CEWithChunkedOutputLoss)", "chunked"),
     ("Megatron-LM, vocab-parallel cross entropy", "whole"),
 ])

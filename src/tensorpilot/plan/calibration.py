@@ -110,6 +110,16 @@ FLASH_ATTENTION_PEAK_FRACTION: dict[str, float] = {
     "h100-sxm": 0.35, "h100-pcie": 0.35, "h100-nvl": 0.35, "h200-sxm": 0.35,
 }
 DEFAULT_FLASH_ATTENTION_PEAK_FRACTION = 0.50
+# FlashAttention-2 itself (flash-attn 2.x, Hugging Face's attn_implementation "flash_attention_2") is
+# written for Ampere's warp-level mma.sync. Blackwell (sm_100) runs it without its tcgen05 tensor-core
+# path, at about the kernel's Hopper speed rather than the part's: on a B200, flash-attn 2.7.4 forward +
+# backward 260-346 TFLOP/s at head_dim 64, 512-16K tokens (Dao-AILab/flash-attention issue #1589,
+# 2025-04), forward 352-362 TFLOP/s at head_dim 128, 2K-8K tokens (meta-pytorch/tritonbench pull
+# request #171, 2025-03), where FlashAttention-4 reaches 1,420-1,530 forward and 1,120-1,360 backward
+# on the same part (flash-attention pull request #2280, 2026-02). A run naming FlashAttention-2 attends
+# at this rate (FLOP/s, forward + backward, head_dim 128) on these parts; elsewhere the fractions above
+# are FlashAttention-2's own. GB200: ASSUMED as B200.
+FLASH2_ATTENTION_FLOPS: dict[str, float] = {"b200": 340e12, "gb200": 340e12}
 # FlashAttention-2's backward runs 5 matmuls to the forward's 2 (it recomputes the scores).
 FLASH_BACKWARD_RATIO = 2.5
 # The rates above are at head_dim 128. A fused kernel does 4d (forward) to 10d (backward) matmul
@@ -331,3 +341,8 @@ def gemm_half_depth(peak_flops_per_s: float, mem_bw_gb_per_s: float | None, cata
 
 def flash_attention_fraction(catalog_key: str | None) -> float:
     return FLASH_ATTENTION_PEAK_FRACTION.get(catalog_key or "", DEFAULT_FLASH_ATTENTION_PEAK_FRACTION)
+
+
+def flash2_attention_flops(catalog_key: str | None) -> float | None:
+    """FlashAttention-2's own forward + backward rate on a part that outgrew it, None elsewhere."""
+    return FLASH2_ATTENTION_FLOPS.get(catalog_key or "")

@@ -124,10 +124,11 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "Adam stepped on the CPU (DeepSpeed ZeRO-Offload, Megatron --optimizer-cpu-offload); "
                         "params = the weights too (ZeRO-Infinity offload_param, FSDP CPUOffload; needs "
                         "--sharding zero3) (default: none).")
-    t.add_argument("--attention", default="flash", choices=["flash", "flash1", "materialized"],
+    t.add_argument("--attention", default="flash", choices=["flash", "flash2", "flash1", "materialized"],
                    help="Fused attention (FlashAttention-2 class: flash-attn 2+, cuDNN, PyTorch 2.2+ SDPA), "
-                        "a first-generation fused kernel at half that speed (flash1: flash-attn 1.x, xformers, "
-                        "PyTorch 2.0-2.1 SDPA) or materialised s x s scores (default: flash).")
+                        "FlashAttention-2 itself (flash2: flash-attn 2.x, which runs at its Hopper speed on "
+                        "Blackwell), a first-generation fused kernel at half the fused speed (flash1: flash-attn "
+                        "1.x, xformers, PyTorch 2.0-2.1 SDPA) or materialised s x s scores (default: flash).")
     t.add_argument("--kernels", default=None, choices=["fused", "eager"],
                    help="How norms, activations and rotary embeddings run: fused (torch.compile, Megatron / "
                         "Transformer Engine, XLA) or eager PyTorch, one kernel an op, which moves 2-4x the "

@@ -157,17 +157,19 @@ class Plan:
         return d
 
 
-def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -> tm.DeviceRates:
+def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te",
+                 attention: str = "flash") -> tm.DeviceRates:
     """Achievable rates in ``compute_dtype``. fp8 runs only the weight GEMMs in fp8, at the GEMM
     fraction of ``fp8_recipe``'s path (calibration.FP8_RECIPES): fused attention stays bf16
     (Transformer Engine's and torchao's default recipes), so its rate comes from the bf16 peak.
-    fp4 (NVFP4 / MXFP4) likewise, at the fp4 peak."""
+    fp4 (NVFP4 / MXFP4) likewise, at the fp4 peak. ``attention`` flash2: FlashAttention-2's own rate
+    where the part outgrew it (calibration.FLASH2_ATTENTION_FLOPS), never above the part's."""
     peak = acc.peak_flops_per_s(compute_dtype)
     if not peak:
         raise ConfigError(f"{acc.key} has no published {compute_dtype} peak; choose another --precision.")
     if compute_dtype in mem.LOW_PRECISION_GEMMS:
         # everything but the GEMMs runs as under bf16
-        return replace(device_rates(acc, "bf16"),
+        return replace(device_rates(acc, "bf16", attention=attention),
                        matmul_flops_per_s=peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
                        * cal.mamf_fraction(cal.calibration_key(acc), compute_dtype, fp8_recipe),
                        gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, cal.calibration_key(acc)))
@@ -176,10 +178,13 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te") -
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
     key = cal.calibration_key(acc)
+    attend = sustained * cal.flash_attention_fraction(key)
+    if attention == "flash2" and cal.flash2_attention_flops(key):
+        attend = min(attend, cal.flash2_attention_flops(key) * _power_cap_fraction(acc))
     return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(key, compute_dtype),
                           mem_bytes_per_s=cal.streaming_bytes_per_s(acc),
                           link_bytes_per_s=link, internode_bytes_per_s=net,
-                          attention_flops_per_s=sustained * cal.flash_attention_fraction(key),
+                          attention_flops_per_s=attend,
                           gpus_per_node=acc.link_domain_gpus or cal.GPUS_PER_NODE, host_link_bytes_per_s=host,
                           gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, key))
 
@@ -351,10 +356,11 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     state = mem.optimizer_state_bytes(s.optimizer, spec.n_params, spec.matrices()) / spec.n_params
     prec = mem.precision(s.precision, s.optimizer, state_bytes_per_param=state, grad_dtype=s.grad_dtype)
     e = prec.act_bytes
-    rates = tm.kernel_share(device_rates(acc, prec.compute, s.fp8_recipe), s.stack_efficiency)
+    rates = tm.kernel_share(device_rates(acc, prec.compute, s.fp8_recipe, s.attention), s.stack_efficiency)
     lowp = prec.compute in mem.LOW_PRECISION_GEMMS                 # fp8 / fp4 block GEMMs
     # the output layer stays bf16 (TE, NeMo)
-    head_rates = tm.kernel_share(device_rates(acc, "bf16"), s.stack_efficiency) if lowp else rates
+    head_rates = tm.kernel_share(device_rates(acc, "bf16", attention=s.attention), s.stack_efficiency) if lowp \
+        else rates
     n_micro = s.global_batch // (lo.dp * lo.micro_batch)        # micro-batches per replica per step
     vp = lo.virtual_stages if lo.schedule == "interleaved" else 1
     first, middle, last = mem.stage_layers(spec.layers, lo.pp, vp)

@@ -4,7 +4,7 @@ Op classes and how each is timed on one device (rates from the catalog x calibra
 - weight GEMMs: max(FLOPs / (MAMF x size efficiency), bytes / bandwidth, kernel floor);
 - attention core: flash -> FLOPs at the fused-attention rate, lower for heads narrower than 128
   (calibration.flash_head_dim_factor; backward 2.5x the forward; first-generation kernels, flash1,
-  at half that rate);
+  at half that rate; flash2, FlashAttention-2 named, at its own rate where the part outgrew it);
   materialised -> two batched GEMMs per head (memory bound at head_dim 64-128) + softmax/dropout
   traffic over the a x s x s scores;
 - elementwise (norms, residuals, activation, dropout): bytes / bandwidth;
@@ -30,8 +30,8 @@ from tensorpilot.plan.models import ModelSpec
 KERNELS = ("fused", "eager")
 # how the attention core runs: a FlashAttention-2-class fused kernel, a first-generation one
 # (calibration.FIRST_GEN_FLASH_SPEED), or the s x s scores materialised by two batched GEMMs
-ATTENTION = ("flash", "flash1", "materialized")
-FUSED_ATTENTION = ("flash", "flash1")
+ATTENTION = ("flash", "flash2", "flash1", "materialized")
+FUSED_ATTENTION = ("flash", "flash2", "flash1")
 
 __all__ = ["ATTENTION", "FUSED_ATTENTION", "KERNELS", "DeviceRates", "allgather_time_s", "allreduce_time_s",
            "alltoall_time_s", "backward_gemms_time_s", "bubble_fraction", "gemm_time_s", "kernel_share",

@@ -449,8 +449,10 @@ _FUSED_ATTENTION = (r"flash|fmha|fused (multi head )?attention|\bsdpa\b|scaled d
 
 
 # a FlashAttention-2-or-later kernel named ("FlashAttention 2", "flash_attn 2.3.4", "FA2", "FA3",
-# HF's attn_implementation "flash_attention_2"): it wins over an older one named beside it
-_FLASH_2_OR_LATER = re.compile(r"flash[- ]?att(ention|n)[- _=v]*(version )?[23]\b|\bfa-?[23]\b|flash_attention_2")
+# HF's attn_implementation "flash_attention_2"): it wins over an older one named beside it; FlashAttention-2
+# itself (timing.ATTENTION's flash2) unless a later one is named too
+_FLASH_2_OR_LATER = re.compile(r"flash[-_ ]?att(ention|n)[- _=v]*(version )?[234]\b|\bfa-?[234]\b|flash_attention_2")
+_FLASH_3_OR_LATER = re.compile(r"flash[-_ ]?att(ention|n)[- _=v]*(version )?[34]\b|\bfa-?[34]\b|flash_attention_3")
 # a first-generation fused kernel (timing.ATTENTION's flash1): FlashAttention 1.x ("FlashAttention
 # v1.0.4", "flash-attn==1.0.4", "FA1"), its 2022 Triton port (llm-foundry's attn_impl triton,
 # Megatron-DeepSpeed's --use-flash-attn-triton), xformers' memory-efficient attention, or PyTorch
@@ -465,7 +467,8 @@ _SDPA = re.compile(r"\bsdpa\b|scaled[ _]dot[ _]product[ _]attention")
 def _attention(row, part_year: int | None = None) -> str:
     """flash where the notes name a fused kernel (flash, FMHA, SDPA, Transformer Engine's fused
     attention) or software that runs one (NeMo, Megatron-Core), or the source is such software
-    (_FLASH_SOURCES); flash1 where that kernel is a first-generation one (_FLASH_1, or SDPA under
+    (_FLASH_SOURCES); flash2 where FlashAttention-2 itself is named and no later kernel; flash1 where
+    that kernel is a first-generation one (_FLASH_1, or SDPA under
     PyTorch 2.0-2.1) and no later one is named; materialized where the notes say no flash kernel
     ran -- that wins over the software's default (NeMo's 2022 launcher predates its flash
     attention). Where the notes say nothing of it, flash on a part first shipped (``part_year``,
@@ -475,7 +478,7 @@ def _attention(row, part_year: int | None = None) -> str:
     if _NO_FLASH.search(notes):
         return "materialized"
     if _FLASH_2_OR_LATER.search(notes):
-        return "flash"
+        return "flash" if _FLASH_3_OR_LATER.search(notes) else "flash2"
     cuda_sdpa = _SDPA.search(notes) and not re.search(r"gaudi|hpu|tpu|\bmi\d{3}", _text(row, "gpu").lower())
     if _FLASH_1.search(notes) or (cuda_sdpa and _TORCH_2_0.search(notes)):
         return "flash1"
@@ -691,15 +694,20 @@ def _optimizer_impl(row) -> str:
 
 
 # loss kernels the notes name (memory.LOSS_KERNELS): Liger-Kernel (its models' patch replaces the
-# loss with the fused linear cross-entropy), Cut Cross-Entropy; torchtune's chunked output loss
+# loss with the fused linear cross-entropy), Cut Cross-Entropy; torchtune's chunked output loss.
+# Liger's plain LigerCrossEntropyLoss runs over logits the output layer has already materialised:
+# whole, unless the fused linear one is named too
 _FUSED_LOSS = r"liger|fused linear cross ?entropy|cut cross ?entropy"
+_LOGITS_LOSS = re.compile(r"liger ?cross ?entropy ?loss|ligercrossentropy")
+_FUSED_LINEAR = re.compile(r"fused ?linear")
 _CHUNKED_LOSS = r"chunked (output )?(cross ?entropy|ce|loss)|cewithchunkedoutputloss"
 
 
 def _loss_kernel(row) -> str:
     """fused or chunked where the notes turn such a loss on (_switch: "no liger" is off), else whole."""
     if _switch(row, _FUSED_LOSS):
-        return "fused"
+        notes = _text(row, "flops_convention").lower()
+        return "whole" if _LOGITS_LOSS.search(notes) and not _FUSED_LINEAR.search(notes) else "fused"
     return "chunked" if _switch(row, _CHUNKED_LOSS) else "whole"
 
 
@@ -741,8 +749,8 @@ _CAUSAL_ATTENTION = re.compile(r"halved for causal|causal[- ]halved|causal atten
 # size that starts with 6 ("6.7B", "64B") is not read as one
 _SIX_N = re.compile(r"\b6\s*(?:x|\*|×)?\s*(?:n\b|nd\b|num_model_param\w*|params?\b|parameters?\b)|"
                     r"\b6\s*(?:x|\*|×)\s*[\d.]+\s*(?:e\d+|b)\b")
-_ATTENTION_TERM = re.compile(r"\+\s*(?:12|attention)|(?<!no )attention term")
-_RECOMPUTE_COUNTED = re.compile(r"incl\w*\.? (activation )?recompute|counts? the recompute|recompute counted|"
+_ATTENTION_TERM = re.compile(r"\+\s*(?:12|(?:(?:non[- ])?causal |full )?attention)|(?<!no )attention term")
+_RECOMPUTE_COUNTED = re.compile(r"incl\w*\.? (activation )?recompute|counts? the recompute|(?<!no )recompute counted|"
                                 r"hardware (t)?flops|x \(3 \+ 1|4\s*\*\s*2 coefficient|includ\w* the recomputed|"
                                 r"96\s*\*?\s*b\s*\*?\s*s")
 _RECOMPUTE_NOT_COUNTED = re.compile(r"no recompute|without (the |a )?recompute|model[- ]flops|model tflop|"
@@ -767,6 +775,21 @@ def flop_convention(row) -> tuple[str, bool]:
     elif _RECOMPUTE_NOT_COUNTED.search(notes):
         counted = False
     return attention, counted
+
+
+# an MFU figure of an fp8 / fp4 run taken over the bf16 peak: the notes say so ("2,250 BF16 dense
+# peak", "989 TFLOPS bf16 used even for float8 runs"), or torchtitan logged it (its get_peak_flops
+# knows only bf16 peaks)
+# ... unless they name the fp8 / fp4 peak as well ("989 TFLOPS for BF16 and 1979 for FP8")
+_LOW_PRECISION_PEAK = re.compile(r"\bfp[48]\b[^;.]{0,12}(dense )?peak|peak[^;.]{0,40}\bfor fp[48]\b|tflops for fp[48]\b")
+_BF16_PEAK = re.compile(r"bf16 (dense )?peak|peak[^;.]{0,30}\bbf16\b|\bbf16\b[^;.]{0,12}(dense )?peak|torchtitan")
+
+
+def _bf16_mfu_peak(row, setup) -> bool:
+    """Whether the row's MFU divides a low-precision run's FLOPs by the bf16 peak, not its own."""
+    notes = _text(row, "flops_convention").lower()
+    return setup.precision in mem.LOW_PRECISION_GEMMS and bool(_BF16_PEAK.search(notes)) \
+        and not _LOW_PRECISION_PEAK.search(notes)
 
 
 def _counted_flops(row, spec: ModelSpec, params_b: float | None, plan, setup) -> float:
@@ -997,7 +1020,7 @@ def _predict(row, result: RowResult, stack: dict[str, float]) -> float | None:
             "peak_memory_per_gpu": lambda: plan.memory_bytes["total"] - plan.memory_bytes["cuda_context"]
             - (plan.memory_bytes["allocator_overhead"] if _allocated_peak(row) else 0.0),
             "mfu": lambda: _counted_flops(row, spec, params_b, plan, setup) / plan.step_time_s / plan.n_devices
-            / plan.peak_flops_per_s,
+            / (acc.peak_flops_per_s("bf16") if _bf16_mfu_peak(row, setup) else plan.peak_flops_per_s),
             "gpu_hours": lambda: plan.gpu_hours,
             "time_to_train": lambda: plan.time_to_train_s,
             "energy": lambda: _required(plan.energy_kwh, f"{acc.key} has no board power in the catalog"),
