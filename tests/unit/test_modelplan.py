@@ -489,6 +489,13 @@ def test_plan_memory_format_channels_last_drops_the_transforms_and_leaves_the_mo
     saved = steps["contiguous"].step_time_s - steps["channels_last"].step_time_s
     assert saved == pytest.approx(16 * y / costs.catalog_costs(acc).bytes_per_s(16 * y), rel=0.1)
     assert src.model[0].weight.is_contiguous()                 # the trace's layout was undone
+    # ... and a model the caller keeps in NHWC stays NHWC
+    nhwc = sources.ModelSource("net", _nchw_net().to(memory_format=torch.channels_last), (16, 112, 112),
+                               torch.float32, 10)
+    planner.trace_source(nhwc, batch_size=8, precision="fp16", optimizer="sgd", gpu_autocast=True,
+                         memory_format="channels_last")
+    assert nhwc.model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert not nhwc.model[0].weight.is_contiguous()
 
 
 def test_plan_cli_memory_format(capsys):
