@@ -467,9 +467,9 @@ _SDPA = re.compile(r"\bsdpa\b|scaled[ _]dot[ _]product[ _]attention")
 def _attention(row, part_year: int | None = None) -> str:
     """flash where the notes name a fused kernel (flash, FMHA, SDPA, Transformer Engine's fused
     attention) or software that runs one (NeMo, Megatron-Core), or the source is such software
-    (_FLASH_SOURCES); flash2 where FlashAttention-2 itself is named and no later kernel; flash1 where
-    that kernel is a first-generation one (_FLASH_1, or SDPA under
-    PyTorch 2.0-2.1) and no later one is named; materialized where the notes say no flash kernel
+    (_FLASH_SOURCES); flash2 where FlashAttention-2 itself is named and no later kernel; flash1
+    where that kernel is a first-generation one (_FLASH_1, or SDPA under PyTorch 2.0-2.1) and no
+    later one is named; materialized where the notes say no flash kernel
     ran -- that wins over the software's default (NeMo's 2022 launcher predates its flash
     attention). Where the notes say nothing of it, flash on a part first shipped (``part_year``,
     the catalog's year of the row's accelerator) in FUSED_ATTENTION_ERA or later, materialized on an
