@@ -138,9 +138,21 @@ def test_unknown_implementation_is_one_sentence():
     ("Megatron-LM, apex FusedAdam", "fused"),
     ("", "fused"),
     ("optimizer plain SGD. attention: Megatron's unfused softmax", "fused"),
+    # the named software's default where no implementation is named: HF's Trainer stepped its own AdamW
+    # loop until transformers 4.32 (pull request #25109), torch.optim looped until PyTorch 2.0
+    ("HF Trainer run_clm.py, transformers ~4.2 (Jan 2021), default AdamW", "loop"),
+    ("run_mlm.py with transformers==4.26.1", "loop"),
+    ("HF Trainer, transformers 4.36, default optimizer", "fused"),
+    ("HF Trainer, version unstated", "fused"),
+    ("transformers 4.20 model code in a custom loop", "fused"),              # no Trainer named
+    ("torch.optim.AdamW(lr=3e-4), PyTorch 1.13", "loop"),
+    ("torch.optim.AdamW(lr=3e-4), PyTorch 2.1", "foreach"),
 ])
 def test_validate_reads_the_implementation_from_the_notes(notes, impl):
     assert _optimizer_impl({"flops_convention": notes}) == impl
+    # the software's default is AdamW's: a row that names another optimizer keeps it fused
+    if "Trainer" in notes and "adamw_hf" not in notes:
+        assert _optimizer_impl({"flops_convention": notes, "optimizer": "adafactor"}) == "fused"
 
 
 def test_cli_plans_the_named_implementation(capsys):

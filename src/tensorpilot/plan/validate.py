@@ -683,14 +683,34 @@ _FUSED_OPTIMIZER = re.compile(r"fused\s*=\s*true|adamw[_ ]torch[_ ]fused|fused[ 
                               r"adam\w*\s*\(?(fused|apex)\b|(?<!non-)(?<!un)fused (adam|optimi[sz]er)")
 
 
+# The defaults of the software the notes name, where they name no implementation: Hugging Face's
+# Trainer stepped its own AdamW (transformers.AdamW, a per-parameter Python loop; `--optim adamw_hf`
+# from v4.16) until v4.32 made adamw_torch its default (huggingface/transformers pull request #25109,
+# merged 2023-07-26); torch.optim's optimizers looped over the tensors until PyTorch 2.0 made the
+# foreach implementation their default on CUDA.
+_HF_TRAINER = re.compile(r"\b(hf|hugging ?face|transformers'?s?) trainer\b|"
+                         r"\brun_(clm|mlm|glue|qa|swag|ner|summarization|translation)\.py\b")
+_TRANSFORMERS_4 = re.compile(r"\btransformers\W{0,4}(?:v|version\s*)?\s*4\.(\d+)")
+_TORCH_1 = re.compile(r"\b(?:py)?torch\W{0,4}(?:v|version\s*)?\s*1\.\d+")
+HF_TRAINER_TORCH_ADAMW = 32         # the transformers 4.x release whose Trainer defaults to torch's AdamW
+
+
 def _optimizer_impl(row) -> str:
-    """loop, foreach or fused, as the notes describe the optimizer step (a fused flag wins)."""
+    """loop, foreach or fused, as the notes describe the optimizer step (a fused flag wins); where
+    they name none, the default of the software and version they name (Hugging Face's Trainer
+    before v4.32: its own AdamW loop), else fused."""
     notes = _text(row, "flops_convention").lower()
     if _FUSED_OPTIMIZER.search(notes):
         return "fused"
     if _LOOP_OPTIMIZER.search(notes):
         return "loop"
-    return "foreach" if _FOREACH_OPTIMIZER.search(notes) else "fused"
+    if _FOREACH_OPTIMIZER.search(notes):
+        return "loop" if _TORCH_1.search(notes) else "foreach"
+    version = _TRANSFORMERS_4.search(notes)
+    if _HF_TRAINER.search(notes) and version and int(version.group(1)) < HF_TRAINER_TORCH_ADAMW \
+            and _optimizer(row) in ("adamw", "adam"):
+        return "loop"
+    return "fused"
 
 
 # loss kernels the notes name (memory.LOSS_KERNELS): Liger-Kernel (its models' patch replaces the
