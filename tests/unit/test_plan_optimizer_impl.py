@@ -139,11 +139,15 @@ def test_unknown_implementation_is_one_sentence():
     ("", "fused"),
     ("optimizer plain SGD. attention: Megatron's unfused softmax", "fused"),
     # the named software's default where no implementation is named: HF's Trainer stepped its own AdamW
-    # loop until transformers 4.32 (pull request #25109), torch.optim looped until PyTorch 2.0
+    # loop until transformers 4.32 (pull request #25109), torch's non-fused AdamW until PyTorch 2.8
+    # (#37358); torch.optim looped until PyTorch 2.0
     ("HF Trainer run_clm.py, transformers ~4.2 (Jan 2021), default AdamW", "loop"),
     ("run_mlm.py with transformers==4.26.1", "loop"),
-    ("HF Trainer, transformers 4.36, default optimizer", "fused"),
-    ("HF Trainer, version unstated", "fused"),
+    ("HF Trainer, transformers 4.36, default optimizer", "foreach"),           # adamw_torch
+    ("HF Trainer, version unstated", "foreach"),
+    ("HF Trainer, transformers 4.56, PyTorch 2.8", "fused"),                   # pull request #37358
+    ("HF Trainer with PyTorch 1.13", "loop"),
+    ("optimum-habana GaudiTrainer (an HF Trainer subclass), optimizer not named", "fused"),  # use_fused_adam
     ("transformers 4.20 model code in a custom loop", "fused"),              # no Trainer named
     ("torch.optim.AdamW(lr=3e-4), PyTorch 1.13", "loop"),
     ("torch.optim.AdamW(lr=3e-4), PyTorch 2.1", "foreach"),

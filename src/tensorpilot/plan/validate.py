@@ -686,19 +686,23 @@ _FUSED_OPTIMIZER = re.compile(r"fused\s*=\s*true|adamw[_ ]torch[_ ]fused|fused[ 
 # The defaults of the software the notes name, where they name no implementation: Hugging Face's
 # Trainer stepped its own AdamW (transformers.AdamW, a per-parameter Python loop; `--optim adamw_hf`
 # from v4.16) until v4.32 made adamw_torch its default (huggingface/transformers pull request #25109,
-# merged 2023-07-26); torch.optim's optimizers looped over the tensors until PyTorch 2.0 made the
-# foreach implementation their default on CUDA.
+# merged 2023-07-26), and adamw_torch_fused only under PyTorch 2.8 or later (pull request #37358,
+# 2025-07); torch.optim's optimizers looped over the tensors until PyTorch 2.0 made the foreach
+# implementation, not the fused one, their CUDA default (pytorch/pytorch pull request #95415).
 _HF_TRAINER = re.compile(r"\b(hf|hugging ?face|transformers'?s?) trainer\b|"
                          r"\brun_(clm|mlm|glue|qa|swag|ner|summarization|translation)\.py\b")
 _TRANSFORMERS_4 = re.compile(r"\btransformers\W{0,4}(?:v|version\s*)?\s*4\.(\d+)")
 _TORCH_1 = re.compile(r"\b(?:py)?torch\W{0,4}(?:v|version\s*)?\s*1\.\d+")
+_TORCH_2 = re.compile(r"\b(?:py)?torch\W{0,4}(?:v|version\s*)?\s*2\.(\d+)")
+HF_TRAINER_FUSED_TORCH = 8          # the PyTorch 2.x release from which the Trainer's default is fused
 HF_TRAINER_TORCH_ADAMW = 32         # the transformers 4.x release whose Trainer defaults to torch's AdamW
 
 
 def _optimizer_impl(row) -> str:
     """loop, foreach or fused, as the notes describe the optimizer step (a fused flag wins); where
-    they name none, the default of the software and version they name (Hugging Face's Trainer
-    before v4.32: its own AdamW loop), else fused."""
+    they name none, the default of the software and version they name (Hugging Face's Trainer: its
+    own AdamW loop before transformers 4.32 or under PyTorch 1.x, torch's foreach AdamW after, the
+    fused one from PyTorch 2.8), else fused."""
     notes = _text(row, "flops_convention").lower()
     if _FUSED_OPTIMIZER.search(notes):
         return "fused"
@@ -706,11 +710,14 @@ def _optimizer_impl(row) -> str:
         return "loop"
     if _FOREACH_OPTIMIZER.search(notes):
         return "loop" if _TORCH_1.search(notes) else "foreach"
-    version = _TRANSFORMERS_4.search(notes)
-    if _HF_TRAINER.search(notes) and version and int(version.group(1)) < HF_TRAINER_TORCH_ADAMW \
-            and _optimizer(row) in ("adamw", "adam"):
+    # optimum-habana's GaudiTrainer steps Habana's fused AdamW (its Gaudi configs' use_fused_adam)
+    gaudi = "gaudi" in _text(row, "gpu").lower() or "habana" in notes
+    if not _HF_TRAINER.search(notes) or gaudi or _optimizer(row) not in ("adamw", "adam"):
+        return "fused"
+    version, torch2 = _TRANSFORMERS_4.search(notes), _TORCH_2.search(notes)
+    if (version and int(version.group(1)) < HF_TRAINER_TORCH_ADAMW) or _TORCH_1.search(notes):
         return "loop"
-    return "fused"
+    return "fused" if torch2 and int(torch2.group(1)) >= HF_TRAINER_FUSED_TORCH else "foreach"
 
 
 # loss kernels the notes name (memory.LOSS_KERNELS): Liger-Kernel (its models' patch replaces the
