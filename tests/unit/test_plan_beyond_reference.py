@@ -922,6 +922,10 @@ def test_eager_kernels_reach_the_step_time_by_hand():
     ("swift sft (Hugging Face transformers Trainer + DeepSpeed ZeRO-2)", "modelscope/ms-swift docs", "eager"),
     ("LlamaForCausalLM under FSDP, torch.compile on", "some lab's blog", "fused"),
     ("shapes from the HF config.json; Megatron-LM", "some lab's blog", "fused"),     # a config is not code
+    # Megatron with its kernel fusions switched off runs its elementwise ops one PyTorch op each
+    ("Megatron-LM, transformer_impl local, fusions disabled", "a researcher's fork", "eager"),
+    ("pretrain_gpt.py --no-bias-gelu-fusion --no-masked-softmax-fusion", "a cluster report", "eager"),
+    ("Megatron-LM, bias-gelu fusion on", "a cluster report", "fused"),
 ])
 def test_rows_say_whether_they_ran_eagerly(notes, source, expected):
     from tensorpilot.plan.validate import _layout_setup, _spec

@@ -653,12 +653,19 @@ def _flags(row) -> str:
     return _text(row, "flops_convention").lower().replace("_", "-").replace(" ", "")
 
 
+# Megatron's kernel fusions switched off (--no-bias-gelu-fusion, --no-bias-dropout-fusion,
+# --no-masked-softmax-fusion, ...): its elementwise ops run as PyTorch ops, one kernel each
+_NO_FUSIONS = re.compile(r"fusions? (are |were )?(disabled|off)|--no-(bias-(gelu|swiglu|dropout)|masked-softmax)-fusion|"
+                         r"no kernel fusion")
+
+
 def _kernels(row) -> str:
     """Eager where the notes say so ("eager", "no compile") or a PyTorch-native framework ran
     without torch.compile (named by the source, or Hugging Face's model code named in the
     notes); fused otherwise."""
     notes = _text(row, "flops_convention").lower()
-    if re.search(r"(?<!not )(?<!non-)(?<!non )\beager\b|\bno (torch\.)?compile|without (torch\.)?compile", notes):
+    if re.search(r"(?<!not )(?<!non-)(?<!non )\beager\b|\bno (torch\.)?compile|without (torch\.)?compile", notes) \
+            or _NO_FUSIONS.search(notes):
         return "eager"
     # "torch.compile not used" / "compile disabled" say nothing of the kernels: hand-fused CUDA
     # (apex, flash-attn's fused ops) may still run, so the framework decides, as when unstated
