@@ -72,12 +72,11 @@ def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32
                           "training step has nothing to update: plan a model with at least one parameter that trains.")
     loss = loss or Loss.parse(None, source.loss_fn)
     make = batch_maker(shape, dtype, batch_size, source.int_high, device)
-    # each 4-D weight's and buffer's own tensor, to put back as it was (a caller's model may be NHWC already)
-    kept = [(m, name, t) for m in source.model.modules()
-            for name, t in (*m._parameters.items(), *m._buffers.items()) if t is not None and t.dim() == 4] \
-        if memory_format == "channels_last" else []
-    data = [t.data for _, _, t in kept]
+    # each 4-D weight and buffer with its data, put back as it was (a caller's model may be NHWC already)
+    kept = []
     if memory_format == "channels_last":
+        kept = [(m, name, t, t.data) for m in source.model.modules()
+                for name, t in (*m._parameters.items(), *m._buffers.items()) if t is not None and t.dim() == 4]
         source.model.to(memory_format=torch.channels_last)
     try:
         trace = trace_step(source.model, make, loss, optimizer_factory(optimizer, device.split(":")[0]),
@@ -101,9 +100,9 @@ def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32
         raise ConfigError(f"cannot trace {source.name} symbolically: {where} failed with {cause[:200]}; "
                           f"{todo}.") from None
     finally:
-        for (module, name, t), before in zip(kept, data):
+        for module, name, t, data in kept:
             if name in module._parameters:
-                module._parameters[name].data = before       # .to() kept the Parameter, swapped its data
+                t.data = data                                # .to() kept the Parameter, swapped its data
             else:
                 module._buffers[name] = t                    # .to() put a new tensor in the buffer's place
     if source.built_on != "meta":

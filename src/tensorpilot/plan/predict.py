@@ -179,8 +179,8 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te",
     sustained = peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
     key = cal.calibration_key(acc)
     attend = sustained * cal.flash_attention_fraction(key)
-    if attention == "flash2" and cal.flash2_attention_flops(key):
-        attend = min(attend, cal.flash2_attention_flops(key) * _power_cap_fraction(acc))
+    if attention == "flash2" and (flash2 := cal.flash2_attention_flops(key)):
+        attend = min(attend, flash2 * _power_cap_fraction(acc))
     return tm.DeviceRates(matmul_flops_per_s=sustained * cal.mamf_fraction(key, compute_dtype),
                           mem_bytes_per_s=cal.streaming_bytes_per_s(acc),
                           link_bytes_per_s=link, internode_bytes_per_s=net,

@@ -449,10 +449,10 @@ _FUSED_ATTENTION = (r"flash|fmha|fused (multi head )?attention|\bsdpa\b|scaled d
 
 
 # a FlashAttention-2-or-later kernel named ("FlashAttention 2", "flash_attn 2.3.4", "FA2", "FA3",
-# HF's attn_implementation "flash_attention_2"): it wins over an older one named beside it; FlashAttention-2
-# itself (timing.ATTENTION's flash2) unless a later one is named too
-_FLASH_2_OR_LATER = re.compile(r"flash[-_ ]?att(ention|n)[- _=v]*(version )?[234]\b|\bfa-?[234]\b|flash_attention_2")
-_FLASH_3_OR_LATER = re.compile(r"flash[-_ ]?att(ention|n)[- _=v]*(version )?[34]\b|\bfa-?[34]\b|flash_attention_3")
+# HF's attn_implementation "flash_attention_2"), by its generation: it wins over an older one named
+# beside it; FlashAttention-2 itself (timing.ATTENTION's flash2) unless a later one is named too
+_FLASH_GENERATION = re.compile(r"flash[-_ ]?att(?:ention|n)[- _=v]*(?:version )?([234])\b|\bfa-?([234])\b|"
+                               r"flash_attention_([23])")
 # a first-generation fused kernel (timing.ATTENTION's flash1): FlashAttention 1.x ("FlashAttention
 # v1.0.4", "flash-attn==1.0.4", "FA1"), its 2022 Triton port (llm-foundry's attn_impl triton,
 # Megatron-DeepSpeed's --use-flash-attn-triton), xformers' memory-efficient attention, or PyTorch
@@ -477,8 +477,9 @@ def _attention(row, part_year: int | None = None) -> str:
     notes = _text(row, "flops_convention").lower()
     if _NO_FLASH.search(notes):
         return "materialized"
-    if _FLASH_2_OR_LATER.search(notes):
-        return "flash" if _FLASH_3_OR_LATER.search(notes) else "flash2"
+    generations = {int(g) for m in _FLASH_GENERATION.finditer(notes) for g in m.groups() if g}
+    if generations:
+        return "flash" if max(generations) > 2 else "flash2"
     cuda_sdpa = _SDPA.search(notes) and not re.search(r"gaudi|hpu|tpu|\bmi\d{3}", _text(row, "gpu").lower())
     if _FLASH_1.search(notes) or (cuda_sdpa and _TORCH_2_0.search(notes)):
         return "flash1"
@@ -699,8 +700,7 @@ _FUSED_OPTIMIZER = re.compile(r"fused\s*=\s*true|adamw[_ ]torch[_ ]fused|fused[ 
 _HF_TRAINER = re.compile(r"\b(hf|hugging ?face|transformers'?s?) trainer\b|"
                          r"\brun_(clm|mlm|glue|qa|swag|ner|summarization|translation)\.py\b")
 _TRANSFORMERS_4 = re.compile(r"\btransformers\W{0,4}(?:v|version\s*)?\s*4\.(\d+)")
-_TORCH_1 = re.compile(r"\b(?:py)?torch\W{0,4}(?:v|version\s*)?\s*1\.\d+")
-_TORCH_2 = re.compile(r"\b(?:py)?torch\W{0,4}(?:v|version\s*)?\s*2\.(\d+)")
+_TORCH_RELEASE = re.compile(r"\b(?:py)?torch\W{0,4}(?:v|version\s*)?\s*([12])\.(\d+)")
 HF_TRAINER_FUSED_TORCH = 8          # the PyTorch 2.x release from which the Trainer's default is fused
 HF_TRAINER_TORCH_ADAMW = 32         # the transformers 4.x release whose Trainer defaults to torch's AdamW
 
@@ -715,16 +715,19 @@ def _optimizer_impl(row) -> str:
         return "fused"
     if _LOOP_OPTIMIZER.search(notes):
         return "loop"
+    releases = [(int(a), int(b)) for a, b in _TORCH_RELEASE.findall(notes)]     # (major, minor) named
+    torch_1 = any(major == 1 for major, _ in releases)
     if _FOREACH_OPTIMIZER.search(notes):
-        return "loop" if _TORCH_1.search(notes) else "foreach"
+        return "loop" if torch_1 else "foreach"
     # optimum-habana's GaudiTrainer steps Habana's fused AdamW (its Gaudi configs' use_fused_adam)
     gaudi = "gaudi" in _text(row, "gpu").lower() or "habana" in notes
     if not _HF_TRAINER.search(notes) or gaudi or _optimizer(row) not in ("adamw", "adam"):
         return "fused"
-    version, torch2 = _TRANSFORMERS_4.search(notes), _TORCH_2.search(notes)
-    if (version and int(version.group(1)) < HF_TRAINER_TORCH_ADAMW) or _TORCH_1.search(notes):
+    version = _TRANSFORMERS_4.search(notes)
+    if (version and int(version.group(1)) < HF_TRAINER_TORCH_ADAMW) or torch_1:
         return "loop"
-    return "fused" if torch2 and int(torch2.group(1)) >= HF_TRAINER_FUSED_TORCH else "foreach"
+    torch_2 = next((minor for major, minor in releases if major == 2), None)
+    return "fused" if torch_2 is not None and torch_2 >= HF_TRAINER_FUSED_TORCH else "foreach"
 
 
 # loss kernels the notes name (memory.LOSS_KERNELS): Liger-Kernel (its models' patch replaces the
