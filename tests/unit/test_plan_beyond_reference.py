@@ -1753,6 +1753,37 @@ def test_a_chunked_or_fused_loss_holds_the_logits_as_its_kernel_does_by_hand(tp)
     # the hidden states' gradient, the norm input, and the output weight's fp32 gradient
     assert logits("fused") == pytest.approx(t * h * (e + 8 + e + e) + v / tp * h * 4)
     assert logits("fused") < logits("chunked") < logits("whole")
+    # under torch.compile: the bf16 logits and their bf16 gradient, no fp32 copy
+    assert logits("compiled") == pytest.approx(t * (v / tp * (e + e) + h * e))
+
+
+def test_a_compiled_loss_saves_the_logits_and_no_fp32_copy_as_torch_compile_does():
+    """The planner's compiled loss against what torch.compile (Inductor) saves for backward over
+    cross_entropy(logits.float(), labels), seen through saved-tensor hooks: the bf16 logits and
+    per-row statistics, no fp32 tensor the logits' size; run eagerly the same loss saves its fp32
+    log-softmax (the planner's "whole")."""
+    torch = pytest.importorskip("torch")
+    n, v = 64, 1000
+
+    def loss(logits, labels):
+        return torch.nn.functional.cross_entropy(logits.float(), labels)
+
+    def saved_by(fn):
+        saved = []
+
+        def pack(t):
+            saved.append((t.numel(), t.dtype))
+            return t
+        x = torch.randn(n, v, dtype=torch.bfloat16, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fn(x, torch.randint(0, v, (n,)))
+        out.backward()
+        assert x.grad.dtype == torch.bfloat16
+        return [dtype for numel, dtype in saved if numel == n * v]
+
+    assert torch.float32 in saved_by(loss)
+    compiled = saved_by(torch.compile(loss))
+    assert compiled and set(compiled) == {torch.bfloat16}
 
 
 @pytest.mark.parametrize("notes,kernel", [
@@ -1764,6 +1795,11 @@ def test_a_chunked_or_fused_loss_holds_the_logits_as_its_kernel_does_by_hand(tp)
     ("Liger kernels: rms_norm, swiglu, LigerFusedLinearCrossEntropyLoss (not LigerCrossEntropyLoss)", "fused"),
     ("torchtune full finetune, chunked cross-entropy (CEWithChunkedOutputLoss)", "chunked"),
     ("Megatron-LM, vocab-parallel cross entropy", "whole"),
+    # the loss compiled with the model (nanoGPT's model computes it in forward)
+    ("nanoGPT train.py, torch.compile, DDP", "compiled"),
+    ("torch.compile not used, DDP", "whole"),
+    ("eager PyTorch (no compile)", "whole"),
+    ("torchtitan, torch.compile on, Liger fused linear cross entropy", "fused"),
 ])
 def test_validation_reads_the_loss_kernel_from_the_notes(notes, kernel):
     from tensorpilot.plan.validate import _layout_setup, _loss_kernel, _spec
@@ -1782,7 +1818,15 @@ def test_plan_takes_the_loss_kernel_and_a_wrong_one_is_one_sentence():
     t = 2 * 8192
     assert saved == pytest.approx(t * (spec.vocab * 10 + spec.hidden * 2) - t * spec.hidden * 14 - spec.vocab * spec.hidden * 4)
     assert fused.step_time_s == whole.step_time_s            # memory only
-    with pytest.raises(ConfigError, match="loss_kernel must be one of whole, chunked, fused"):
+    # compiled: the loss moves 4 bytes of bf16 a logit (two forward reads, a backward read and
+    # write) against ~24 of fp32 (memory.LOSS_KERNELS), over 2 x 8,192 tokens x 128,256 logits
+    compiled = predict(spec, acc, lo, TrainSetup(seq_len=8192, global_batch=16, loss_kernel="compiled"))
+    from tensorpilot.plan.predict import device_rates
+    mem_bw = device_rates(acc, "bf16").mem_bytes_per_s
+    saved_s = whole.time_breakdown_s["memory_bound"] - compiled.time_breakdown_s["memory_bound"]
+    assert saved_s == pytest.approx(t * spec.vocab * (24 - 8) / mem_bw, rel=1e-6)
+    assert compiled.step_time_s < whole.step_time_s
+    with pytest.raises(ConfigError, match="loss_kernel must be one of whole, chunked, fused, compiled"):
         TrainSetup(seq_len=8192, global_batch=16, loss_kernel="liger")
 
 

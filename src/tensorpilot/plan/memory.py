@@ -67,8 +67,12 @@ GRAD_DTYPES = ("fp32", "bf16", "fp16")
 # activation dtype, upcast to fp32 and differentiated one of LOSS_CHUNKS chunks at a time); fused
 # (Liger-Kernel's fused linear cross-entropy, arXiv 2410.10989 sec. 3.2, or Cut Cross-Entropy,
 # arXiv 2411.09009: the output GEMM and the loss run over chunks of tokens, each chunk's logits
-# V / h times smaller than the hidden states it came from, so they never exist whole)
-LOSS_KERNELS = ("whole", "chunked", "fused")
+# V / h times smaller than the hidden states it came from, so they never exist whole); compiled
+# (the loss under torch.compile with the model, as nanoGPT, torchtitan's compiled loss, torchtune
+# and Hugging Face models that compute their own loss run it: Inductor fuses the fp32 upcast,
+# log-softmax and its gradient into reductions over the logits in the activation dtype, and the
+# partitioner saves the logits rather than an fp32 copy -- the logits and their gradient, e each)
+LOSS_KERNELS = ("whole", "chunked", "fused", "compiled")
 LOSS_CHUNKS = 8           # torchtune's num_output_chunks
 
 # Optimizer state per parameter, in bytes (fp32 states unless the name says otherwise):
@@ -333,13 +337,16 @@ def activation_bytes_per_device(spec: ModelSpec, *, seq_len: int, micro_batch: i
     if spec.lm_head:
         # logits (e) + their fp32 copy for the loss + its gradient (fp32), split over TP (vocab
         # parallel); the final-norm input e*h. Held at the end of forward on the last stage.
-        # Chunked: the fp32 copy and its gradient of one chunk. Fused: one chunk of about
+        # Chunked: the fp32 copy and its gradient of one chunk. Compiled: the logits' gradient in
+        # e, no fp32 copy. Fused: one chunk of about
         # tokens x h / V rows, i.e. tokens x h logits of e + 4 + 4 bytes, and the gradient of the
         # hidden states (e) the fused kernel computes in its forward (LOSS_KERNELS).
         upcast = 4 + 4
         if loss_kernel == "fused":      # + the output weight's gradient, accumulated in fp32
             logits = tokens * spec.hidden * (act_bytes + upcast + act_bytes + act_bytes) + \
                 spec.vocab / tp * spec.hidden * 4
+        elif loss_kernel == "compiled":
+            logits = tokens * (spec.vocab / tp * (act_bytes + act_bytes) + spec.hidden * act_bytes)
         else:
             share = 1 / LOSS_CHUNKS if loss_kernel == "chunked" else 1.0
             logits = tokens * (spec.vocab / tp * (act_bytes + share * upcast) + spec.hidden * act_bytes)

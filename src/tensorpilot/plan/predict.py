@@ -79,7 +79,7 @@ class TrainSetup:
     goodput: float | None = None          # share of wall-clock that trains; None: cal.goodput(devices)
     offload: str = "none"                 # host offload: none | optimizer (ZeRO-Offload) | params (+ weights, ZeRO-3)
     doc_len: int | None = None            # tokens a packed document has, under a document mask; None: one a sequence
-    loss_kernel: str = "whole"            # language-model loss: whole logits | chunked | fused (memory.LOSS_KERNELS)
+    loss_kernel: str = "whole"            # language-model loss: whole | chunked | fused | compiled (memory.LOSS_KERNELS)
     stack_efficiency: float = 1.0         # share of the planner's kernel rates the user's stack reaches (plan.anchor)
     host_efficiency: float = 1.0          # share of the planner's op-dispatch rate its host reaches (eager; plan.anchor)
 
@@ -465,11 +465,16 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         ring = (lo.cp - 1) * (alpha + kv_bytes / bw)
         cp_comm_s = max(0.0, ring - lt.attention_fwd_s) + max(0.0, 2 * ring - lt.attention_bwd_s)
     head_s = 0.0
-    if spec.lm_head:            # output GEMM (fwd + 2 bwd) + fp32 loss traffic (~6 passes of 4 bytes)
+    if spec.lm_head:
+        # output GEMM (fwd + 2 bwd) + the loss's traffic over the logits: in fp32, ~6 passes of 4
+        # bytes (cast, log-softmax, its gradient, the cast back); compiled with the model, a
+        # forward reduction reading the logits twice (max, then the sum of exponentials) and a
+        # backward reading them and writing their gradient, in the activation dtype: 4e
         vocab = math.ceil(spec.vocab / lo.tp)
+        loss_bytes = 4 * e if s.loss_kernel == "compiled" else 24
         head_s = tm.gemm_time_s(tokens_micro, spec.hidden, vocab, head_rates, e) \
             + tm.backward_gemms_time_s(tokens_micro, spec.hidden, vocab, head_rates, e) \
-            + tokens_micro * spec.vocab / lo.tp * 24 / rates.mem_bytes_per_s
+            + tokens_micro * spec.vocab / lo.tp * loss_bytes / rates.mem_bytes_per_s
     # fp8 scaling: every GEMM input is cast to fp8 with its amax (read e, write 1 byte) in forward,
     # the output gradient likewise in backward, and the saved fp8 input transposed for the
     # weight gradient (Hopper's fp8 GEMM is TN-only: read 1, write 1); block weights are cast

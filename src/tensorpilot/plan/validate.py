@@ -660,21 +660,29 @@ _NO_FUSIONS = re.compile(r"fusions? (are |were )?(disabled|off)|--no-(bias-(gelu
                          r"no kernel fusion")
 
 
-def _kernels(row) -> str:
-    """Eager where the notes say so ("eager", "no compile") or a PyTorch-native framework ran
-    without torch.compile (named by the source, or Hugging Face's model code named in the
-    notes); fused otherwise."""
+def _compile_named(row) -> bool | None:
+    """True where the notes say the step ran under torch.compile (or imply it: PyTorch's async TP is
+    an Inductor pass, micro-pipeline TP), False where they say it ran eagerly ("eager", "no
+    compile", Megatron's fusions switched off), None where they do not say."""
     notes = _text(row, "flops_convention").lower()
     if re.search(r"(?<!not )(?<!non-)(?<!non )\beager\b|\bno (torch\.)?compile|without (torch\.)?compile", notes) \
             or _NO_FUSIONS.search(notes):
-        return "eager"
+        return False
     # "torch.compile not used" / "compile disabled" say nothing of the kernels: hand-fused CUDA
     # (apex, flash-attn's fused ops) may still run, so the framework decides, as when unstated
     notes = re.sub(r"(torch\.)?compile[ds]?\s*(is\s+)?(not used|not enabled|disabled|off|false)", "", notes)
-    # torch.compile named, or implied: PyTorch's async TP is an Inductor pass (micro-pipeline TP)
     if "compile" in notes or _switch(row, _ASYNC_TP):
-        return "fused"
-    eager = _source_names(row, _EAGER_SOURCES) or _HF_MODEL_CODE.search(notes)
+        return True
+    return None
+
+
+def _kernels(row) -> str:
+    """Eager where the notes say so or a PyTorch-native framework ran without torch.compile (named
+    by the source, or Hugging Face's model code named in the notes); fused otherwise."""
+    compiled = _compile_named(row)
+    if compiled is not None:
+        return "fused" if compiled else "eager"
+    eager = _source_names(row, _EAGER_SOURCES) or _HF_MODEL_CODE.search(_text(row, "flops_convention").lower())
     return "eager" if eager else "fused"
 
 
@@ -741,11 +749,15 @@ _CHUNKED_LOSS = r"chunked (output )?(cross ?entropy|ce|loss)|cewithchunkedoutput
 
 
 def _loss_kernel(row) -> str:
-    """fused or chunked where the notes turn such a loss on (_switch: "no liger" is off), else whole."""
+    """fused or chunked where the notes turn such a loss on (_switch: "no liger" is off); compiled
+    where the step ran under torch.compile (nanoGPT-style scripts, torchtitan and torchtune compile
+    the loss with the model, Hugging Face models compute theirs inside forward); else whole."""
     if _switch(row, _FUSED_LOSS):
         notes = _text(row, "flops_convention").lower()
         return "whole" if _LOGITS_LOSS.search(notes) and not _FUSED_LINEAR.search(notes) else "fused"
-    return "chunked" if _switch(row, _CHUNKED_LOSS) else "whole"
+    if _switch(row, _CHUNKED_LOSS):
+        return "chunked"
+    return "compiled" if _compile_named(row) else "whole"
 
 
 def _grad_dtype(row, precision: str) -> str | None:
