@@ -145,6 +145,63 @@ def test_optimizer_state_reaches_the_plan():
     assert plans["adafactor"].step_time_s < plans["adamw"].step_time_s     # fewer state bytes streamed
 
 
+def test_muon_keeps_one_momentum_on_the_block_matrices_and_adamw_on_the_rest():
+    # Llama 3 8B by hand: a block holds q, o (4096 x 4096), k, v (4096 x 1024), gate, up, down
+    # (4096 x 14336): 218,103,808 matrix weights; 32 blocks; the rest (embedding, head, norms) AdamW
+    spec = get_model("llama3-8b")
+    blocks = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    assert blocks == 6_979_321_856
+    mats = spec.matrices(embedding=False, head=False)
+    want = 4 * blocks + 8 * (spec.n_params - blocks)
+    assert mem.optimizer_state_bytes("muon", spec.n_params, mats) == want
+    plan = predict(spec, catalog.get("h100-sxm"), Layout(dp=8, sharding="zero1"),
+                   TrainSetup(seq_len=4096, global_batch=16, optimizer="muon"))
+    assert plan.memory_bytes["optimizer"] == pytest.approx(want / 8)
+    # under pure bf16 both kinds of state are bf16: half
+    pure = predict(spec, catalog.get("h100-sxm"), Layout(dp=8, sharding="zero1"),
+                   TrainSetup(seq_len=4096, global_batch=16, optimizer="muon", precision="bf16-pure"))
+    assert pure.memory_bytes["optimizer"] == pytest.approx(want / 2 / 8)
+
+
+def test_muon_newton_schulz_flops_are_the_papers_count():
+    """Five quintic Newton-Schulz iterations a step on each (m, n) block matrix, m <= n: 5 (4 m^2 n +
+    2 m^3) FLOPs (Jordan et al. 2024; Liu et al. 2025, arXiv 2502.16982); on Llama 3 8B that is
+    ~666 TFLOP a step, 0.3% of a 4M-token step's 6 N D."""
+    from tensorpilot.plan.predict import muon_gemms
+
+    spec = get_model("llama3-8b")
+    flops = sum(2 * m * k * n * count for m, k, n, count in muon_gemms(spec))
+
+    def ns(m, n):
+        return 5 * (4 * m * m * n + 2 * m ** 3)
+    hand = 32 * (2 * ns(4096, 4096) + 2 * ns(1024, 4096) + 3 * ns(4096, 14336))
+    assert flops == hand and 6.6e14 < hand < 6.7e14
+    assert hand / (6 * spec.n_params * 4 * 2**20) == pytest.approx(0.0033, abs=0.0003)
+    # the work is handed out over data-parallel ranks: more ranks, a shorter optimizer step
+    acc = catalog.get("h100-sxm")
+    setup = TrainSetup(seq_len=4096, global_batch=64, optimizer="muon")
+    one, eight = (predict(spec, acc, Layout(dp=d, sharding="zero1"), setup) for d in (1, 8))
+    sgd = predict(spec, acc, Layout(dp=1, sharding="zero1"),
+                  TrainSetup(seq_len=4096, global_batch=64, optimizer="sgd"))
+    ns_s = one.time_breakdown_s["optimizer"] - sgd.time_breakdown_s["optimizer"]
+    peak = acc.peak_flops_per_s("bf16")
+    assert hand / peak < ns_s < hand / (0.4 * peak)           # a GEMM-bound pass, not faster than peak
+    assert eight.time_breakdown_s["optimizer"] < one.time_breakdown_s["optimizer"] / 4
+
+
+@pytest.mark.parametrize("notes,optimizer", [
+    ("optimizer: Muon (Newton-Schulz orthogonalised momentum) + AdamW on embeddings", "muon"),
+    ("Muon for matrices + AdamW for embeddings/lm_head (optimizer column blank)", "muon"),
+    ("record #4: muon improvements in the code, AdamW", "adam"),
+    ("the Muon row (31.4 GiB) is not taken", "adam"),
+])
+def test_validation_reads_muon_from_the_notes_where_the_column_is_blank(notes, optimizer):
+    from tensorpilot.plan.validate import _optimizer
+
+    assert _optimizer({**_LLAMA_ROW, "optimizer": "", "flops_convention": notes}) == optimizer
+    assert _optimizer({**_LLAMA_ROW, "optimizer": "muon", "flops_convention": ""}) == "muon"
+
+
 # ------------------------------------------------------------------ fp8
 
 def test_fp8_activation_bytes_by_hand():

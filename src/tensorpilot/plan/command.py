@@ -107,9 +107,12 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "Megatron keeps them; fp16 16 B/param); *-amp: torch.autocast "
                         "with fp32 weights; bf16-pure / fp16-pure: everything in the half dtype; fp8 / fp4: bf16 "
                         "with the block GEMMs in fp8 or NVFP4 / MXFP4 (Blackwell, MI355X) (default: bf16).")
-    t.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit", "none"],
+    t.add_argument("--optimizer", default="adam",
+                   choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit", "muon", "none"],
                    help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
-                        "keep much less, see plan/memory.py; none: forward and backward only, no step)")
+                        "keep much less, see plan/memory.py; muon: one momentum on the block matrices, "
+                        "orthogonalised by Newton-Schulz GEMMs, AdamW on the rest; none: forward and "
+                        "backward only, no step)")
     t.add_argument("--optimizer-impl", default="fused", choices=["fused", "foreach", "loop"],
                    help="How the optimizer step runs: fused (one kernel: torch fused=True, Apex / Transformer "
                         "Engine FusedAdam in Megatron-LM and DeepSpeed), foreach (torch.optim's default on CUDA: "

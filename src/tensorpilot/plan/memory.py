@@ -88,10 +88,15 @@ LOSS_CHUNKS = 8           # torchtune's num_output_chunks
 #               paper's and Hugging Face's default beta1 = None); vectors keep a full fp32 second
 #               moment. Per parameter it depends on the shapes (:func:`optimizer_state_bytes`);
 #               0.05 below is a 160 x 160 matrix, the figure used where no shapes are known.
+#   muon        Muon (Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks";
+#               Liu et al. 2025, "Muon is Scalable for LLM Training", arXiv 2502.16982): one momentum
+#               buffer (4) on each block matrix, orthogonalised by Newton-Schulz iterations
+#               (predict.MUON_NS_STEPS); AdamW (8) on the embeddings, the output head and every
+#               vector. 4 below where no shapes are known (block matrices hold most parameters).
 #   none        no optimizer step at all: a benchmark of forward and backward only (Hugging Face's
 #               SDPA training benchmarks), or an update fused into backward without state (LOMO)
 OPTIMIZER_STATE_BYTES = {"adam": 8.0, "adamw": 8.0, "adamw-bf16": 4.0, "sgd": 4.0,
-                         "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05, "none": 0.0}
+                         "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05, "muon": 4.0, "none": 0.0}
 
 # Precision labels as papers, configs and framework docs write them (lower-cased, only letters
 # and digits kept) -> recipe. 'bf16' alone is torchtitan's FSDP2 mixed precision (bf16 compute,
@@ -147,14 +152,17 @@ def precision_from_label(text: str) -> str:
 
 def optimizer_state_bytes(optimizer: str, n_params: float, matrices: list[tuple[int, int, int]] = ()) -> float:
     """Bytes of optimizer state for ``n_params`` parameters. ``matrices``: (rows, cols, count) of
-    the 2-D weights among them; only Adafactor needs them (factored moments: 4 (r + c) bytes per
-    matrix, 4 bytes per element of everything else). Without them Adafactor takes the per-parameter
-    figure of :data:`OPTIMIZER_STATE_BYTES`."""
+    the 2-D weights among them the optimizer treats as matrices; Adafactor (factored moments: 4
+    (r + c) bytes per matrix, 4 bytes per element of everything else) and Muon (the block matrices:
+    one 4-byte momentum, everything else AdamW's 8) need them. Without them both take the
+    per-parameter figure of :data:`OPTIMIZER_STATE_BYTES`."""
     if optimizer not in OPTIMIZER_STATE_BYTES:
         raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZER_STATE_BYTES)}, not {optimizer!r}.")
-    if optimizer != "adafactor" or not matrices:
+    if optimizer not in ("adafactor", "muon") or not matrices:
         return n_params * OPTIMIZER_STATE_BYTES[optimizer]
     in_matrices = sum(r * c * k for r, c, k in matrices)
+    if optimizer == "muon":
+        return 4.0 * in_matrices + OPTIMIZER_STATE_BYTES["adamw"] * max(0.0, n_params - in_matrices)
     return 4.0 * sum((r + c) * k for r, c, k in matrices) + 4.0 * max(0.0, n_params - in_matrices)
 
 
@@ -195,7 +203,7 @@ def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float |
     if name in ("bf16-amp", "fp16-amp"):
         return Precision(name, name[:4], 4, 4, 0, st, 2, 2)
     if name in ("bf16-pure", "fp16-pure"):   # states kept in half too: half of fp32 ones (8-bit and bf16 ones stay)
-        return Precision(name, name[:4], 2, 2, 0, st / 2 if optimizer in ("adam", "adamw", "sgd") else st, 2, 0)
+        return Precision(name, name[:4], 2, 2, 0, st / 2 if optimizer in ("adam", "adamw", "sgd", "muon") else st, 2, 0)
     if name == "fp8":
         return Precision(name, "fp8", 2, 4, 4, st, 2, 2, gemm_input_bytes=1)
     if name == "fp4":

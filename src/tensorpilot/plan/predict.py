@@ -58,6 +58,10 @@ LOOP_OPS_PER_TENSOR, LOOP_LAUNCHES_PER_TENSOR = 9, 8
 # Adam-family optimizers whose unfused form the planner counts; the others (SGD, Adafactor, 8-bit
 # AdamW, Lion) are planned as one fused pass whatever optimizer_impl says
 _UNFUSED_COUNTED = ("adam", "adamw", "adamw-bf16")
+# Muon orthogonalises each block matrix's momentum with this many quintic Newton-Schulz iterations
+# a step, in bf16 (Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks",
+# ns_steps=5; Liu et al. 2025, arXiv 2502.16982, sec. 2.1, five as well)
+MUON_NS_STEPS = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -309,6 +313,35 @@ def _optimizer_bytes_per_param(prec, optimizer: str, impl: str) -> float:
             + (n["exp_avg"] + n["exp_avg_sq"] + n["temporary"]) * moment)
 
 
+def muon_gemms(spec: ModelSpec, layers: int | None = None, tp: int = 1) -> list[tuple[int, int, int, int]]:
+    """The GEMMs of one Muon step's Newton-Schulz iterations over the block matrices of ``layers``
+    blocks (default all), as (M, K, N, count). Each iteration on an (m, n) momentum, m <= n:
+    A = X X^T, B = bA + cA^2, X = aX + BX -- GEMMs (m, n, m), (m, m, m) and (m, m, n), 4 m^2 n + 2 m^3
+    FLOPs; MUON_NS_STEPS of them, in bf16."""
+    out = []
+    for r, c, k in spec.matrices(layers, embedding=False, head=False, tp=tp):
+        m, n = min(r, c), max(r, c)
+        out += [(m, n, m, k * MUON_NS_STEPS), (m, m, m, k * MUON_NS_STEPS), (m, m, n, k * MUON_NS_STEPS)]
+    return out
+
+
+def _muon_orthogonalise_s(spec: ModelSpec, acc: Accelerator, s: TrainSetup, lo: Layout, layers: int,
+                          replicas: int, bw: float, alpha: float) -> float:
+    """Muon's Newton-Schulz work on one device, a step (muon_gemms). The reference implementations
+    (Jordan's Muon, modded-nanogpt) hand each matrix to one data-parallel rank and all-gather the
+    bf16 updates; under ZeRO the weights' own all-gather carries them (counted with the
+    data-parallel traffic), without it the gather comes after the work."""
+    rates = tm.kernel_share(device_rates(acc, "bf16", attention=s.attention), s.stack_efficiency)
+    gemms = muon_gemms(spec, layers, lo.tp)
+    work = sum(count * tm.gemm_time_s(m, k, n, rates, 2) for m, k, n, count in gemms)
+    matrices = sum(count for *_, count in gemms) // (3 * MUON_NS_STEPS)
+    if replicas <= 1 or not matrices:
+        return work
+    elements = sum(r * c * k for r, c, k in spec.matrices(layers, embedding=False, head=False, tp=lo.tp))
+    gather = tm.allgather_time_s(2 * elements, replicas, bw, alpha) if lo.zero_stage == 0 else 0.0
+    return work / min(replicas, matrices) + gather
+
+
 def least_recompute(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup,
                     fits: Callable[[Plan], bool] = lambda p: p.fits) -> Plan:
     """``layout`` under full recomputation of the fewest blocks of each model chunk that fit: the
@@ -353,7 +386,9 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     if check:
         check_layout(spec, layout, setup)
     lo, s = layout, setup
-    state = mem.optimizer_state_bytes(s.optimizer, spec.n_params, spec.matrices()) / spec.n_params
+    # Muon's momentum is on the block matrices only (AdamW on the embeddings, head and vectors)
+    matrices = spec.matrices(embedding=False, head=False) if s.optimizer == "muon" else spec.matrices()
+    state = mem.optimizer_state_bytes(s.optimizer, spec.n_params, matrices) / spec.n_params
     prec = mem.precision(s.precision, s.optimizer, state_bytes_per_param=state, grad_dtype=s.grad_dtype)
     e = prec.act_bytes
     rates = tm.kernel_share(device_rates(acc, prec.compute, s.fp8_recipe, s.attention), s.stack_efficiency)
@@ -609,6 +644,9 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         host_s = tensors * (LOOP_OPS_PER_TENSOR * cal.HOST_SECONDS_PER_OP
                             + LOOP_LAUNCHES_PER_TENSOR * cal.KERNEL_LAUNCH_S) / s.host_efficiency
         optimizer_s = max(optimizer_s, host_s)
+
+    if s.optimizer == "muon" and s.offload == "none":
+        optimizer_s += _muon_orthogonalise_s(spec, acc, s, lo, layers_stage, replicas, bw, alpha)
 
     pipe_s = tm.pipeline_time_s(stage_micro_s, lo.pp, n_micro, lo.schedule, lo.virtual_stages)
     step_s = pipe_s + dp_exposed + optimizer_s + offload_s + copies_s

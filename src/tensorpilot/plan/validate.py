@@ -125,7 +125,8 @@ _DISTRIBUTED_OPTIMIZER = r"distributed optimi[sz]er"
 _OPTIMIZERS = {"": "adam", "adam": "adam", "adamw": "adamw", "sgd": "sgd", "sgd momentum": "sgd",
                "adafactor": "adafactor", "adamw8bit": "adamw8bit", "8-bit adamw": "adamw8bit", "adam8bit": "adamw8bit",
                "8-bit adam": "adamw8bit", "adamw 8bit": "adamw8bit", "bnb adamw8bit": "adamw8bit",
-               "adamw-bf16": "adamw-bf16", "adamw bf16": "adamw-bf16", "none": "none", "no optimizer": "none"}
+               "adamw-bf16": "adamw-bf16", "adamw bf16": "adamw-bf16", "muon": "muon", "none": "none",
+               "no optimizer": "none"}
 # notes that say no optimizer step runs or holds state: a forward + backward benchmark (the
 # optimizer column then blank or a placeholder)
 _NO_OPTIMIZER = re.compile(r"\bno optimi[sz]er (step|state)|\bwithout an? optimi[sz]er\b|forward ?\+ ?backward only|"
@@ -321,10 +322,20 @@ def _sharding(row) -> tuple[str, bool]:
     return ("none", False) if "not stated" in text.lower() else normalize_sharding_label(text)
 
 
+# notes that name Muon as the run's optimizer where the column is blank (Muon on the block matrices,
+# AdamW on the rest: a blank column, AdamW, was the nearest the column offered): "optimizer: Muon",
+# "Muon for matrices", "Muon (Newton-Schulz orthogonalised momentum)"
+_MUON = re.compile(r"optimi[sz]er:?\s+(hybrid\s+)?muon\b|\bmuon\s+(optimi[sz]er|on|for)\b|"
+                   r"\bmuon\b[^.;]{0,20}\b(momentum|newton)")
+
+
 def _optimizer(row) -> str:
     label = " ".join(_text(row, "optimizer").lower().replace("_", " ").split())
-    if _NO_OPTIMIZER.search(_text(row, "flops_convention").lower()):
+    notes = _text(row, "flops_convention").lower()
+    if _NO_OPTIMIZER.search(notes):
         return "none"
+    if not label and _MUON.search(notes):
+        return "muon"
     if label not in _OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {label!r}; known: {', '.join(sorted(set(_OPTIMIZERS.values())))}")
     return _OPTIMIZERS[label]
