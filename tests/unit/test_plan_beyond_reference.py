@@ -190,6 +190,29 @@ def test_muon_newton_schulz_flops_are_the_papers_count():
 
 
 @pytest.mark.parametrize("notes,optimizer", [
+    ("torch.optim.SGD(lr=1e-3), momentum 0 (stateless)", "sgd-plain"),
+    ("plain SGD optimizer, fp16", "sgd-plain"),
+    ("SGD momentum=0.9, nesterov", "sgd"),
+    ("SGD (momentum 0.95)", "sgd"),
+])
+def test_sgd_without_momentum_keeps_no_state(notes, optimizer):
+    from tensorpilot.plan.validate import _optimizer
+
+    assert _optimizer({**_LLAMA_ROW, "optimizer": "sgd", "flops_convention": notes}) == optimizer
+    spec, acc, lo = get_model("llama3-8b"), catalog.get("h100-sxm"), Layout(dp=8, sharding="zero1")
+    plan = predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=16, optimizer=optimizer))
+    # torch.optim.SGD itself: one fp32 momentum buffer per parameter only when momentum != 0
+    torch = pytest.importorskip("torch")
+    weight = torch.nn.Parameter(torch.zeros(1000))
+    sgd = torch.optim.SGD([weight], lr=0.1, momentum=0.9 if optimizer == "sgd" else 0.0)
+    weight.grad = torch.ones(1000)
+    sgd.step()
+    per_param = sum(t.numel() * t.element_size() for t in sgd.state[weight].values()
+                    if isinstance(t, torch.Tensor)) / 1000
+    assert plan.memory_bytes["optimizer"] == pytest.approx(spec.n_params * per_param / 8)
+
+
+@pytest.mark.parametrize("notes,optimizer", [
     ("optimizer: Muon (Newton-Schulz orthogonalised momentum) + AdamW on embeddings", "muon"),
     ("Muon for matrices + AdamW for embeddings/lm_head (optimizer column blank)", "muon"),
     ("record #4: muon improvements in the code, AdamW", "adam"),

@@ -108,8 +108,9 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "with fp32 weights; bf16-pure / fp16-pure: everything in the half dtype; fp8 / fp4: bf16 "
                         "with the block GEMMs in fp8 or NVFP4 / MXFP4 (Blackwell, MI355X) (default: bf16).")
     t.add_argument("--optimizer", default="adam",
-                   choices=["adam", "adamw", "sgd", "adafactor", "adamw8bit", "muon", "none"],
-                   help="optimizer whose state is counted (default: adam; adafactor and adamw8bit "
+                   choices=["adam", "adamw", "sgd", "sgd-plain", "adafactor", "adamw8bit", "muon", "none"],
+                   help="optimizer whose state is counted (default: adam; sgd: with momentum; sgd-plain: "
+                        "without, no state; adafactor and adamw8bit "
                         "keep much less, see plan/memory.py; muon: one momentum on the block matrices, "
                         "orthogonalised by Newton-Schulz GEMMs, AdamW on the rest; none: forward and "
                         "backward only, no step)")

@@ -79,6 +79,8 @@ LOSS_CHUNKS = 8           # torchtune's num_output_chunks
 #   adam/adamw  m and v: 2 x 4
 #   adamw-bf16  m and v kept in bf16 (torchao's AdamW(bf16 states), LLaMA-Factory's pure-bf16): 2 x 2
 #   sgd         momentum: 4
+#   sgd-plain   SGD without momentum (torch.optim.SGD's default momentum=0; LOMO's fused update):
+#               no state
 #   adamw8bit   m and v in 8 bits with one fp32 scale per block (Dettmers et al. 2022, "8-bit
 #               Optimizers via Block-wise Quantization", section 2.1; the paper's bitsandbytes uses
 #               blocks of 2048, torchao's AdamW8bit -- what `tensorpilot train` runs -- 256):
@@ -95,7 +97,7 @@ LOSS_CHUNKS = 8           # torchtune's num_output_chunks
 #               vector. 4 below where no shapes are known (block matrices hold most parameters).
 #   none        no optimizer step at all: a benchmark of forward and backward only (Hugging Face's
 #               SDPA training benchmarks), or an update fused into backward without state (LOMO)
-OPTIMIZER_STATE_BYTES = {"adam": 8.0, "adamw": 8.0, "adamw-bf16": 4.0, "sgd": 4.0,
+OPTIMIZER_STATE_BYTES = {"adam": 8.0, "adamw": 8.0, "adamw-bf16": 4.0, "sgd": 4.0, "sgd-plain": 0.0,
                          "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05, "muon": 4.0, "none": 0.0}
 
 # Precision labels as papers, configs and framework docs write them (lower-cased, only letters

@@ -123,6 +123,7 @@ _OVERLAP_SWITCH = rf"tp comm overlap|overlap param gather|{_ASYNC_TP}"
 _DISTRIBUTED_OPTIMIZER = r"distributed optimi[sz]er"
 # optimizer column (blank: Adam) -> planner optimizer
 _OPTIMIZERS = {"": "adam", "adam": "adam", "adamw": "adamw", "sgd": "sgd", "sgd momentum": "sgd",
+               "sgd plain": "sgd-plain", "sgd-plain": "sgd-plain", "plain sgd": "sgd-plain",
                "adafactor": "adafactor", "adamw8bit": "adamw8bit", "8-bit adamw": "adamw8bit", "adam8bit": "adamw8bit",
                "8-bit adam": "adamw8bit", "adamw 8bit": "adamw8bit", "bnb adamw8bit": "adamw8bit",
                "adamw-bf16": "adamw-bf16", "adamw bf16": "adamw-bf16", "muon": "muon", "none": "none",
@@ -329,6 +330,12 @@ _MUON = re.compile(r"optimi[sz]er:?\s+(hybrid\s+)?muon\b|\bmuon\s+(optimi[sz]er|
                    r"\bmuon\b[^.;]{0,20}\b(momentum|newton)")
 
 
+# SGD without momentum, as the notes say it: no optimizer state (the column's "sgd" is SGD with
+# momentum, one fp32 buffer)
+_PLAIN_SGD = re.compile(r"stateless|\bno momentum|without momentum|momentum\s*[=:]?\s*0(\.0+)?(?![.\d])|"
+                        r"\b(plain|vanilla) sgd|momentum[- ]free")
+
+
 def _optimizer(row) -> str:
     label = " ".join(_text(row, "optimizer").lower().replace("_", " ").split())
     notes = _text(row, "flops_convention").lower()
@@ -336,6 +343,8 @@ def _optimizer(row) -> str:
         return "none"
     if not label and _MUON.search(notes):
         return "muon"
+    if label == "sgd" and _PLAIN_SGD.search(notes):
+        return "sgd-plain"
     if label not in _OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {label!r}; known: {', '.join(sorted(set(_OPTIMIZERS.values())))}")
     return _OPTIMIZERS[label]
