@@ -332,14 +332,14 @@ def _muon_orthogonalise_s(spec: ModelSpec, acc: Accelerator, s: TrainSetup, lo: 
     bf16 updates; under ZeRO the weights' own all-gather carries them (counted with the
     data-parallel traffic), without it the gather comes after the work."""
     rates = tm.kernel_share(device_rates(acc, "bf16", attention=s.attention), s.stack_efficiency)
-    gemms = muon_gemms(spec, layers, lo.tp)
-    work = sum(count * tm.gemm_time_s(m, k, n, rates, 2) for m, k, n, count in gemms)
-    matrices = sum(count for *_, count in gemms) // (3 * MUON_NS_STEPS)
-    if replicas <= 1 or not matrices:
+    work = sum(count * tm.gemm_time_s(m, k, n, rates, 2) for m, k, n, count in muon_gemms(spec, layers, lo.tp))
+    matrices = spec.matrices(layers, embedding=False, head=False, tp=lo.tp)
+    count = sum(k for *_, k in matrices)
+    if replicas <= 1 or not count:
         return work
-    elements = sum(r * c * k for r, c, k in spec.matrices(layers, embedding=False, head=False, tp=lo.tp))
-    gather = tm.allgather_time_s(2 * elements, replicas, bw, alpha) if lo.zero_stage == 0 else 0.0
-    return work / min(replicas, matrices) + gather
+    gather = tm.allgather_time_s(2 * sum(r * c * k for r, c, k in matrices), replicas, bw, alpha) \
+        if lo.zero_stage == 0 else 0.0
+    return work / min(replicas, count) + gather
 
 
 def least_recompute(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup,
