@@ -1878,6 +1878,7 @@ def test_a_compiled_loss_saves_the_logits_and_no_fp32_copy_as_torch_compile_does
     # the loss compiled with the model (nanoGPT's model computes it in forward)
     ("nanoGPT train.py, torch.compile, DDP", "compiled"),
     ("torch.compile not used, DDP", "whole"),
+    ("torchtitan default run: compile = false, no float8", "whole"),
     ("eager PyTorch (no compile)", "whole"),
     ("torchtitan, torch.compile on, Liger fused linear cross entropy", "fused"),
 ])
@@ -1923,6 +1924,10 @@ def test_torchtitan_named_in_the_notes_is_the_software_that_ran():
              "flops_convention": "a trainer of its own, FSDP 4, selective activation checkpointing"}
     assert _attention(other) == "materialized" and _kernels(other) == "fused"
     assert _layout_setup(other, _spec(other))[0].recompute == "selective"
+    # a config switch written with "=" or ":" turned off says nothing compiled
+    for off in ("compile = false", "compile: False", "compile.enable=false", "torch_compile=no"):
+        assert _kernels({**row, "flops_convention": f"torchtitan default run: {off}, FSDP 8"}) == "eager"
+    assert _kernels({**row, "flops_convention": "torchtitan, compile = true"}) == "fused"
 
 
 def test_a_run_without_an_optimizer_step_holds_no_state_and_spends_no_time_on_it():

@@ -690,7 +690,9 @@ def _compile_named(row) -> bool | None:
         return False
     # "torch.compile not used" / "compile disabled" say nothing of the kernels: hand-fused CUDA
     # (apex, flash-attn's fused ops) may still run, so the framework decides, as when unstated
-    notes = re.sub(r"(torch\.)?compile[ds]?\s*(is\s+)?(not used|not enabled|disabled|off|false)", "", notes)
+    # ("compile = false", "compile.enable: False", "torch_compile=no" too)
+    notes = re.sub(r"(torch\.)?compile[ds]?([._]enabled?)?\s*(is\s+|[=:]\s*)?(not used|not enabled|disabled|off|false|no)\b",
+                   "", notes)
     if "compile" in notes or _switch(row, _ASYNC_TP):
         return True
     return None
