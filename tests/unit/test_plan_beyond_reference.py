@@ -2102,6 +2102,32 @@ def test_a_row_s_sliding_window_columns_reach_the_attention_flops():
     assert _spec({**_LLAMA_ROW}).attention_window == 0
 
 
+def test_a_row_s_head_dim_column_is_the_config_s_head_dim(tmp_path):
+    """head_dim: one head's width where it is not hidden / heads (Qwen3-32B: 64 heads x 128 = 8192
+    beside hidden 5120, Hugging Face config.json). The row's spec is the one --hf-config builds from
+    the same config, and its Q / output projections hold hidden x 8192 weights each."""
+    import json as json_
+    from tensorpilot.plan.models import model_spec_from_hf_config
+    from tensorpilot.plan.validate import _spec
+
+    config = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 5120,
+              "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+              "intermediate_size": 25600, "vocab_size": 151936, "hidden_act": "silu", "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json_.dumps(config))
+    row = {**_LLAMA_ROW, "model": "Qwen3-32B", "hidden": "5120", "layers": "64", "heads": "64", "kv_heads": "8",
+           "ffn_hidden": "25600", "vocab": "151936", "head_dim": "128"}
+    spec, hf = _spec(row), model_spec_from_hf_config(path)
+    assert (spec.q_dim, spec.kv_dim) == (hf.q_dim, hf.kv_dim) == (8192, 1024)
+    assert spec.layer_params == hf.layer_params
+    # q, o (5120 x 8192), k, v (5120 x 1024), gate, up, down (5120 x 25600), two RMSNorm weights;
+    # with the embeddings and head, the published 32.8B
+    assert spec.layer_params == 2 * 5120 * 8192 + 2 * 5120 * 1024 + 3 * 5120 * 25600 + 2 * 5120
+    assert round(spec.n_params / 1e9, 1) == 32.8
+    # a head_dim that is hidden / heads changes nothing; a blank one is hidden / heads
+    assert _spec({**row, "head_dim": "80"}).q_dim == _spec({**row, "head_dim": ""}).q_dim == 5120
+
+
 def test_a_sliding_window_speeds_a_long_sequence_row_only_under_a_fused_kernel():
     from tensorpilot.plan.validate import validate_rows
 

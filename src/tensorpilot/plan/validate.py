@@ -140,7 +140,7 @@ REQUIRED_COLUMNS = ("id", "metric", "value", "unit", "params_b", "n_gpus")
 # counts that are at least 1 in any run (kv_heads too: a blank one means one per head); a blank
 # column takes its default, a zero or negative one makes the row not modelled
 POSITIVE_COLUMNS = ("hidden", "layers", "heads", "vocab", "ffn_hidden", "kv_heads", "n_gpus", "tp", "pp", "dp",
-                    "seq_len", "global_batch", "micro_batch", "attention_window", "windowed_layers")
+                    "seq_len", "global_batch", "micro_batch", "attention_window", "windowed_layers", "head_dim")
 
 
 @dataclass(slots=True)
@@ -275,9 +275,13 @@ def _spec(row) -> ModelSpec | None:
     name = _text(row, "model")
     family = name.lower()
     h, f = _int(row, "hidden"), _int(row, "ffn_hidden")
-    shape = dict(name=name, hidden=h, layers=_int(row, "layers"), heads=_int(row, "heads"),
+    heads = _int(row, "heads")
+    # optional column head_dim: one head's width where it is not hidden / heads (Qwen3's 128 at
+    # hidden 2560 or 5120, Gemma's 256), as --hf-config reads it from a config.json
+    head_dim = _int(row, "head_dim", 0)
+    shape = dict(name=name, hidden=h, layers=_int(row, "layers"), heads=heads,
                  vocab=_int(row, "vocab"), ffn_hidden=f or 4 * h, kv_heads=_int(row, "kv_heads"),
-                 **_window(row))
+                 attn_head_dim=head_dim if head_dim and head_dim * heads != h else 0, **_window(row))
     if any(k in family for k in _GATED_FAMILIES):
         return ModelSpec(**shape, mlp="swiglu")
     if "mpt" in family:
