@@ -1262,6 +1262,9 @@ def test_rows_say_which_dtype_their_gradients_were_reduced_in(precision, notes, 
     ("no flash-attention option in the launcher config", "NVIDIA/NeMo-Framework-Launcher README.md", "materialized"),
     ("materialised attention (no --use-flash-attn in the script)", "microsoft/Megatron-DeepSpeed", "materialized"),
     ("remat_policy=minimal_flash (not one of none/selective/full)", "google/maxtext", "flash"),
+    # MaxText's attention=dot_product is XLA's reference attention (the whole score matrix)
+    ("MaxText, attention=dot_product, max_target_length 4096", "AMD-AGI/Primus commit", "materialized"),
+    ("attention via torch scaled_dot_product_attention", "a blog", "flash"),
     # software named in the notes: NeMo / Megatron-Core build attention from TE's fused kernel
     ("framework: NVIDIA NeMo Framework Release 25.09", "mlcommons/training_results_v5.1", "flash"),
     ("--pad_fmha --fused_bias_mha", "mlcommons/training_results_v5.0", "flash"),
