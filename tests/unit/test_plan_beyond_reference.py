@@ -1927,6 +1927,13 @@ def test_torchtitan_named_in_the_notes_is_the_software_that_ran():
              "flops_convention": "a trainer of its own, FSDP 4, selective activation checkpointing"}
     assert _attention(other) == "materialized" and _kernels(other) == "fused"
     assert _layout_setup(other, _spec(other))[0].recompute == "selective"
+    # Triton kernels patched into the eager model (Liger, fms-acceleration's fused ops): fused
+    # elementwise ops, even without torch.compile; Liger's plain cross-entropy alone patches none
+    hf = {**row, "source": "a blog"}
+    assert _kernels({**hf, "flops_convention": "HF Trainer, no torch.compile, use_liger_kernel=True"}) == "fused"
+    assert _kernels({**hf, "flops_convention": "HF Trainer, foak (fused-ops-and-kernels plugin)"}) == "fused"
+    assert _kernels({**hf, "flops_convention": "HF Trainer, LigerCrossEntropyLoss over the logits"}) == "eager"
+    assert _kernels({**hf, "flops_convention": "HF Trainer, no liger kernels"}) == "eager"
     # a config switch written with "=" or ":" turned off says nothing compiled
     for off in ("compile = false", "compile: False", "compile.enable=false", "torch_compile=no"):
         assert _kernels({**row, "flops_convention": f"torchtitan default run: {off}, FSDP 8"}) == "eager"

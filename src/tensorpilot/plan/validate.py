@@ -703,13 +703,24 @@ def _compile_named(row) -> bool | None:
     return None
 
 
+# Triton kernels patched into an eager model in place of its norms, rotary embedding and gated MLP
+# (Liger-Kernel's model patches: LigerRMSNorm, liger_rotary_pos_emb, LigerSwiGLUMLP; fms-acceleration's
+# fused-ops-and-kernels plugin, "foak"): the memory-bound ops of a block run fused. Liger's plain
+# cross-entropy alone (_LOGITS_LOSS) patches nothing else.
+_PATCHED_KERNELS = r"liger|fused[- ]ops[- ]and[- ]kernels|\bfoak\b"
+
+
 def _kernels(row) -> str:
     """Eager where the notes say so or a PyTorch-native framework ran without torch.compile (named
-    by the source, or Hugging Face's model code named in the notes); fused otherwise."""
+    by the source, or Hugging Face's model code named in the notes) and patched no fused kernels in
+    (_PATCHED_KERNELS); fused otherwise."""
     compiled = _compile_named(row)
+    notes = _text(row, "flops_convention").lower()
+    if compiled or _switch(row, _PATCHED_KERNELS) and not (_LOGITS_LOSS.search(notes) and not _FUSED_LINEAR.search(notes)):
+        return "fused"
     if compiled is not None:
-        return "fused" if compiled else "eager"
-    eager = _source_names(row, _EAGER_SOURCES) or _HF_MODEL_CODE.search(_text(row, "flops_convention").lower())
+        return "eager"
+    eager = _source_names(row, _EAGER_SOURCES) or _HF_MODEL_CODE.search(notes)
     return "eager" if eager else "fused"
 
 
