@@ -715,12 +715,12 @@ def _kernels(row) -> str:
     by the source, or Hugging Face's model code named in the notes) and patched no fused kernels in
     (_PATCHED_KERNELS); fused otherwise."""
     compiled = _compile_named(row)
-    notes = _text(row, "flops_convention").lower()
-    if compiled or _switch(row, _PATCHED_KERNELS) and not (_LOGITS_LOSS.search(notes) and not _FUSED_LINEAR.search(notes)):
+    patched = _switch(row, _PATCHED_KERNELS) and not _liger_loss_only(row)
+    if compiled or patched:
         return "fused"
     if compiled is not None:
         return "eager"
-    eager = _source_names(row, _EAGER_SOURCES) or _HF_MODEL_CODE.search(notes)
+    eager = _source_names(row, _EAGER_SOURCES) or _HF_MODEL_CODE.search(_text(row, "flops_convention").lower())
     return "eager" if eager else "fused"
 
 
@@ -786,13 +786,19 @@ _FUSED_LINEAR = re.compile(r"fused ?linear")
 _CHUNKED_LOSS = r"chunked (output )?(cross ?entropy|ce|loss)|cewithchunkedoutputloss"
 
 
+def _liger_loss_only(row) -> bool:
+    """The notes name Liger's plain LigerCrossEntropyLoss and not its fused linear one: a loss kernel
+    over materialised logits, nothing patched into the model."""
+    notes = _text(row, "flops_convention").lower()
+    return bool(_LOGITS_LOSS.search(notes)) and not _FUSED_LINEAR.search(notes)
+
+
 def _loss_kernel(row) -> str:
     """fused or chunked where the notes turn such a loss on (_switch: "no liger" is off); compiled
     where the step ran under torch.compile (nanoGPT-style scripts, torchtitan and torchtune compile
     the loss with the model, Hugging Face models compute theirs inside forward); else whole."""
     if _switch(row, _FUSED_LOSS):
-        notes = _text(row, "flops_convention").lower()
-        return "whole" if _LOGITS_LOSS.search(notes) and not _FUSED_LINEAR.search(notes) else "fused"
+        return "whole" if _liger_loss_only(row) else "fused"
     if _switch(row, _CHUNKED_LOSS):
         return "chunked"
     return "compiled" if _compile_named(row) else "whole"
