@@ -275,13 +275,11 @@ def _spec(row) -> ModelSpec | None:
     name = _text(row, "model")
     family = name.lower()
     h, f = _int(row, "hidden"), _int(row, "ffn_hidden")
-    heads = _int(row, "heads")
     # optional column head_dim: one head's width where it is not hidden / heads (Qwen3's 128 at
     # hidden 2560 or 5120, Gemma's 256), as --hf-config reads it from a config.json
-    head_dim = _int(row, "head_dim", 0)
-    shape = dict(name=name, hidden=h, layers=_int(row, "layers"), heads=heads,
+    shape = dict(name=name, hidden=h, layers=_int(row, "layers"), heads=_int(row, "heads"),
                  vocab=_int(row, "vocab"), ffn_hidden=f or 4 * h, kv_heads=_int(row, "kv_heads"),
-                 attn_head_dim=head_dim if head_dim and head_dim * heads != h else 0, **_window(row))
+                 attn_head_dim=_int(row, "head_dim", 0), **_window(row))
     if any(k in family for k in _GATED_FAMILIES):
         return ModelSpec(**shape, mlp="swiglu")
     if "mpt" in family:
