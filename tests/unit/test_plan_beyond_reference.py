@@ -212,6 +212,31 @@ def test_sgd_without_momentum_keeps_no_state(notes, optimizer):
     assert plan.memory_bytes["optimizer"] == pytest.approx(spec.n_params * per_param / 8)
 
 
+def test_lamb_and_lion_state_and_step_traffic_by_hand():
+    from tensorpilot.plan.validate import _optimizer
+
+    spec, acc, lo = get_model("llama3-8b"), catalog.get("h100-sxm"), Layout(dp=8, sharding="zero1")
+
+    def plan(optimizer):
+        return predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=16, optimizer=optimizer))
+    adam, lamb, lion = plan("adamw"), plan("lamb"), plan("lion")
+    # LAMB (You et al. 2020, Algorithm 2) keeps Adam's m and v; Lion (Chen et al. 2023, Algorithm 1)
+    # the momentum alone: fp32 each, sharded over the 8 ranks by ZeRO-1
+    assert lamb.memory_bytes["optimizer"] == pytest.approx(spec.n_params * 8 / 8)
+    assert lion.memory_bytes["optimizer"] == pytest.approx(spec.n_params * 4 / 8)
+    # Adam's fused step under bf16 mixed moves, a parameter: the fp32 gradient 4, the fp32 master
+    # read and written 2 x 4, both moments read and written 2 x 8, the bf16 copy written 2 = 30;
+    # LAMB's adds its update written and read twice and the master read twice more, 5 x 4 = 50;
+    # Lion's: 4 + 2 x 4 + 2 x 4 + 2 = 22
+    assert lamb.time_breakdown_s["optimizer"] / adam.time_breakdown_s["optimizer"] == pytest.approx(50 / 30)
+    assert lion.time_breakdown_s["optimizer"] / adam.time_breakdown_s["optimizer"] == pytest.approx(22 / 30)
+    for label, name in (("LAMB", "lamb"), ("fused_lamb", "lamb"), ("Lion", "lion"), ("paged_adamw", "adamw"),
+                        ("paged_adamw_8bit", "adamw8bit")):
+        assert _optimizer({**_LLAMA_ROW, "optimizer": label}) == name
+    pure = mem.precision("bf16-pure", "lion")
+    assert pure.optim_bytes == 2                      # the momentum kept in bf16 with the weights
+
+
 @pytest.mark.parametrize("notes,optimizer", [
     ("optimizer: Muon (Newton-Schulz orthogonalised momentum) + AdamW on embeddings", "muon"),
     ("Muon for matrices + AdamW for embeddings/lm_head (optimizer column blank)", "muon"),
@@ -832,6 +857,27 @@ def test_a_power_capped_variant_runs_slower_clocks_by_hand():
     nvl, sxm = catalog.get("h200-nvl"), catalog.get("h200-sxm")
     assert device_rates(nvl, "bf16").matmul_flops_per_s == pytest.approx(
         device_rates(sxm, "bf16").matmul_flops_per_s * nvl.bf16_tflops / sxm.bf16_tflops)
+
+
+def test_a_file_can_cap_a_part_it_describes_itself(tmp_path, monkeypatch):
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.predict import device_rates
+
+    monkeypatch.setattr(catalog, "_OVERLAY", None)
+    f = tmp_path / "parts.toml"
+    # a part with peaks of its own datasheet on a catalogued part's silicon, then that part capped
+    f.write_text('[accelerator.a40-like]\nbase = "rtx-a6000"\nbf16_tflops = 149.7\nmem_gb = 48\n'
+                 'mem_bw_gb_per_s = 696\ntdp_w = 300\n\n[accelerator.a40-like-150w]\nbase = "a40-like"\n'
+                 'tdp_w = 150\naliases = ["A40 at 150 W"]\n')
+    assert catalog.load_hardware_file(str(f)) == ["a40-like", "a40-like-150w"]
+    part, capped = catalog.get("a40-like"), catalog.get("A40 at 150 W")
+    assert (capped.bf16_tflops, capped.mem_gb, capped.tdp_w) == (149.7, 48, 150)
+    # capped against the 300 W part whose peaks it shares (idle 0.3 x 300 = 90 W: (150 - 90) / (300 - 90)),
+    # its silicon's measured fractions those of the RTX A6000 at the root of its bases
+    clock = ((150 - 90) / (300 - 90)) ** (1 / 3)
+    assert device_rates(capped, "bf16").matmul_flops_per_s == pytest.approx(
+        device_rates(part, "bf16").matmul_flops_per_s * clock)
+    assert cal.calibration_key(capped) == cal.calibration_key(part) == "rtx-a6000"
 
 
 def test_batched_attention_products_pay_the_kernel_floor_once():

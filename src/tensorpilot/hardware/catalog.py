@@ -230,8 +230,9 @@ def load_hardware_file(path: str) -> list[str]:
 
     Same fields and units as the package's ``accelerators.toml`` (``[accelerator.KEY]`` tables).
     A table with ``base = "h100-sxm"`` starts from that entry's figures and overrides what it
-    gives (a power-capped or larger-memory variant); without a base, name, vendor, year and
-    source are required. Keys and aliases may not reuse the catalog's. A file that is missing,
+    gives (a power-capped or larger-memory variant); the base may be a catalog entry or a part
+    described earlier in the same file (a new part, then its power-capped variants); without a
+    base, name, vendor, year and source are required. Keys and aliases may not reuse the catalog's. A file that is missing,
     not TOML, or describes a part wrongly raises ConfigError naming the file and the entry."""
     try:
         import tomllib
@@ -257,7 +258,13 @@ def load_hardware_file(path: str) -> list[str]:
     for key, table in tables.items():
         table = dict(table)
         base = table.get("base")
-        if base is not None:
+        if base is not None and str(base) in merged:
+            # a part described earlier in this file (its power-capped variants, say)
+            parent_table = merged[str(base)]
+            inherited = {k: v for k, v in parent_table.items() if k not in ("aliases", "uncertain", "unknown", "base")}
+            inherited.update(name=f"{parent_table.get('name', base)} variant ({key})")
+            table = {**inherited, **table, "base": str(base)}
+        elif base is not None:
             try:
                 parent = get(str(base))
             except ConfigError as exc:

@@ -314,8 +314,13 @@ def power_cap_clock_fraction(tdp_w: float | None, base_tdp_w: float | None) -> f
 
 def calibration_key(acc) -> str:
     """The catalog entry whose measured fractions apply to ``acc``: a variant (a user's
-    power-capped or larger-memory part, ``base = "h100-sxm"``) shares its base part's silicon."""
-    return getattr(acc, "base", None) or acc.key
+    power-capped or larger-memory part, ``base = "h100-sxm"``; a variant of a user's part based
+    on a catalog one) shares the silicon of the part at the root of its bases."""
+    from tensorpilot.hardware import catalog
+
+    while getattr(acc, "base", None):
+        acc = catalog.get(acc.base)
+    return acc.key
 
 
 def mamf_fraction(catalog_key: str | None, dtype: str = "bf16", fp8_recipe: str = "te") -> float:

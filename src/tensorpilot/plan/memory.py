@@ -95,10 +95,16 @@ LOSS_CHUNKS = 8           # torchtune's num_output_chunks
 #               buffer (4) on each block matrix, orthogonalised by Newton-Schulz iterations
 #               (predict.MUON_NS_STEPS); AdamW (8) on the embeddings, the output head and every
 #               vector. 4 below where no shapes are known (block matrices hold most parameters).
+#   lamb        LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning: Training BERT in
+#               76 minutes", Algorithm 2): Adam's m and v (2 x 4) and a trust ratio per tensor from
+#               two norms, no further state
+#   lion        Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", arXiv
+#               2302.06675, Algorithm 1): the momentum only, 4
 #   none        no optimizer step at all: a benchmark of forward and backward only (Hugging Face's
 #               SDPA training benchmarks), or an update fused into backward without state (LOMO)
 OPTIMIZER_STATE_BYTES = {"adam": 8.0, "adamw": 8.0, "adamw-bf16": 4.0, "sgd": 4.0, "sgd-plain": 0.0,
-                         "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05, "muon": 4.0, "none": 0.0}
+                         "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05, "muon": 4.0, "lamb": 8.0, "lion": 4.0,
+                         "none": 0.0}
 
 # Precision labels as papers, configs and framework docs write them (lower-cased, only letters
 # and digits kept) -> recipe. 'bf16' alone is torchtitan's FSDP2 mixed precision (bf16 compute,
@@ -205,7 +211,8 @@ def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float |
     if name in ("bf16-amp", "fp16-amp"):
         return Precision(name, name[:4], 4, 4, 0, st, 2, 2)
     if name in ("bf16-pure", "fp16-pure"):   # states kept in half too: half of fp32 ones (8-bit and bf16 ones stay)
-        return Precision(name, name[:4], 2, 2, 0, st / 2 if optimizer in ("adam", "adamw", "sgd", "muon") else st, 2, 0)
+        halved = optimizer in ("adam", "adamw", "sgd", "muon", "lamb", "lion")
+        return Precision(name, name[:4], 2, 2, 0, st / 2 if halved else st, 2, 0)
     if name == "fp8":
         return Precision(name, "fp8", 2, 4, 4, st, 2, 2, gemm_input_bytes=1)
     if name == "fp4":

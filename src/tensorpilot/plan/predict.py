@@ -58,6 +58,12 @@ LOOP_OPS_PER_TENSOR, LOOP_LAUNCHES_PER_TENSOR = 9, 8
 # Adam-family optimizers whose unfused form the planner counts; the others (SGD, Adafactor, 8-bit
 # AdamW, Lion) are planned as one fused pass whatever optimizer_impl says
 _UNFUSED_COUNTED = ("adam", "adamw", "adamw-bf16")
+# LAMB's fused step (apex's multi_tensor_lamb, which NVIDIA's BERT recipes and MLPerf BERT run) in
+# three passes: Adam's update written to a buffer beside the moments, the L2 norms of the weights
+# and of that update per tensor (the trust ratio), then the weights updated from it -- beyond the
+# fused Adam pass, the update written and read twice and the weights read twice more, each in the
+# master's dtype
+LAMB_EXTRA_ACCESSES = 5
 # Muon orthogonalises each block matrix's momentum with this many quintic Newton-Schulz iterations
 # a step, in bf16 (Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks",
 # ns_steps=5; Liu et al. 2025, arXiv 2502.16982, sec. 2.1, five as well)
@@ -204,16 +210,17 @@ def _exposed(comm_s: float, compute_s: float, tail: float) -> float:
 
 def _power_cap_fraction(acc: Accelerator) -> float:
     """A variant that inherits its base part's peaks under a lower power limit runs slower clocks
-    (calibration.power_cap_clock_fraction); a variant whose own datasheet restates its peaks (H200
-    NVL) already has them in its peaks."""
-    if not acc.base:
-        return 1.0
+    (calibration.power_cap_clock_fraction) than the furthest part up its chain of bases with the
+    same peaks; a variant whose own datasheet restates its peaks (H200 NVL) already has them."""
     from tensorpilot.hardware import catalog
 
-    base = catalog.get(acc.base)
-    if acc.peak_flops_per_s("bf16") != base.peak_flops_per_s("bf16"):
-        return 1.0
-    return cal.power_cap_clock_fraction(acc.tdp_w, base.tdp_w)
+    ref = acc
+    while ref.base:
+        parent = catalog.get(ref.base)
+        if parent.peak_flops_per_s("bf16") != acc.peak_flops_per_s("bf16"):
+            break
+        ref = parent
+    return 1.0 if ref is acc else cal.power_cap_clock_fraction(acc.tdp_w, ref.tdp_w)
 
 
 def board_power_w(acc: Accelerator, hfu: float | None, compute_dtype: str) -> float | None:
@@ -306,7 +313,8 @@ def _optimizer_bytes_per_param(prec, optimizer: str, impl: str) -> float:
     weights = prec.master_bytes or prec.param_bytes
     half_copy = prec.param_bytes if prec.master_bytes else 0
     if impl == "fused" or optimizer not in _UNFUSED_COUNTED:
-        return prec.grad_bytes + 2 * weights + 2 * prec.optim_bytes + half_copy
+        extra = LAMB_EXTRA_ACCESSES * weights if optimizer == "lamb" else 0
+        return prec.grad_bytes + 2 * weights + 2 * prec.optim_bytes + half_copy + extra
     moment = prec.optim_bytes / 2
     n = UNFUSED_ADAM_ACCESSES
     return (n["weights"] * weights + n["grad"] * prec.grad_bytes + half_copy

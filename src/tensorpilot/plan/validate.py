@@ -127,7 +127,10 @@ _OPTIMIZERS = {"": "adam", "adam": "adam", "adamw": "adamw", "sgd": "sgd", "sgd 
                "adafactor": "adafactor", "adamw8bit": "adamw8bit", "8-bit adamw": "adamw8bit", "adam8bit": "adamw8bit",
                "8-bit adam": "adamw8bit", "adamw 8bit": "adamw8bit", "bnb adamw8bit": "adamw8bit",
                "adamw-bf16": "adamw-bf16", "adamw bf16": "adamw-bf16", "muon": "muon", "none": "none",
-               "no optimizer": "none"}
+               "no optimizer": "none", "lamb": "lamb", "fused lamb": "lamb", "fusedlamb": "lamb", "lion": "lion",
+               # bitsandbytes' paged optimizers keep AdamW's states (32- or 8-bit) on the device and
+               # page them to the host only when the device runs out
+               "paged adamw": "adamw", "paged adamw 32bit": "adamw", "paged adamw 8bit": "adamw8bit"}
 # notes that say no optimizer step runs or holds state: a forward + backward benchmark (the
 # optimizer column then blank or a placeholder)
 _NO_OPTIMIZER = re.compile(r"\bno optimi[sz]er (step|state)|\bwithout an? optimi[sz]er\b|forward ?\+ ?backward only|"
