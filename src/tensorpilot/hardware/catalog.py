@@ -232,8 +232,9 @@ def load_hardware_file(path: str) -> list[str]:
     A table with ``base = "h100-sxm"`` starts from that entry's figures and overrides what it
     gives (a power-capped or larger-memory variant); the base may be a catalog entry or a part
     described earlier in the same file (a new part, then its power-capped variants); without a
-    base, name, vendor, year and source are required. Keys and aliases may not reuse the catalog's. A file that is missing,
-    not TOML, or describes a part wrongly raises ConfigError naming the file and the entry."""
+    base, name, vendor, year and source are required. Keys and aliases may not reuse the
+    catalog's. A file that is missing, not TOML, or describes a part wrongly raises ConfigError
+    naming the file and the entry."""
     try:
         import tomllib
     except ModuleNotFoundError:  # pragma: no cover - Python 3.10
