@@ -878,6 +878,11 @@ def test_a_file_can_cap_a_part_it_describes_itself(tmp_path, monkeypatch):
     assert device_rates(capped, "bf16").matmul_flops_per_s == pytest.approx(
         device_rates(part, "bf16").matmul_flops_per_s * clock)
     assert cal.calibration_key(capped) == cal.calibration_key(part) == "rtx-a6000"
+    # a base described below the part that names it: one sentence saying so
+    g = tmp_path / "order.toml"
+    g.write_text('[accelerator.low]\nbase = "mine"\ntdp_w = 100\n\n[accelerator.mine]\nbase = "rtx-a6000"\n')
+    with pytest.raises(ConfigError, match=r"base 'mine' is described below it; move \[accelerator.mine\] above"):
+        catalog.load_hardware_file(str(g))
 
 
 def test_batched_attention_products_pay_the_kernel_floor_once():

@@ -266,6 +266,9 @@ def load_hardware_file(path: str) -> list[str]:
             inherited.update(name=f"{parent_table.get('name', base)} variant ({key})")
             table = {**inherited, **table, "base": str(base)}
         elif base is not None:
+            if str(base) in tables and str(base) != key:
+                raise ConfigError(f"hardware file {str(path)!r} [accelerator.{key}]: its base {str(base)!r} is "
+                                  "described below it; move [accelerator." + str(base) + "] above it.")
             try:
                 parent = get(str(base))
             except ConfigError as exc:
