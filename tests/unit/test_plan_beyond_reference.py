@@ -2212,3 +2212,16 @@ def test_a_malformed_window_is_the_row_s_reason(columns, reason):
 
     (result,) = validate_rows([{**_LLAMA_ROW, **columns}])
     assert result.predicted is None and reason in result.note
+
+
+def test_the_cli_offers_the_optimizers_and_loss_kernels_the_planner_knows():
+    # plan's argparse choices are written out (the command imports the planner lazily); they must
+    # name exactly the registry's entries -- adamw-bf16 is a validation label, not a flag
+    import argparse
+
+    from tensorpilot.plan import command
+
+    parser = command.register(argparse.ArgumentParser().add_subparsers())["plan"]
+    choices = {a.dest: set(a.choices) for a in parser._actions if a.choices}
+    assert choices["optimizer"] == set(mem.OPTIMIZER_STATE_BYTES) - {"adamw-bf16"}
+    assert choices["loss_kernel"] == set(mem.LOSS_KERNELS)
