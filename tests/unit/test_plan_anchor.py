@@ -44,6 +44,15 @@ def test_a_speed_the_kernels_cannot_reach_is_clamped_and_said():
     assert MIN_STACK_EFFICIENCY > 0
 
 
+@pytest.fixture
+def no_gemm_fixed_cost(monkeypatch):
+    """Plans whose every second is kernel-rate time, so a stack efficiency scales them exactly: a
+    GEMM's fixed cost (calibration.GEMM_OVERHEAD_S), like a link's, does not scale with it."""
+    from tensorpilot.plan import calibration as cal
+
+    monkeypatch.setattr(cal, "GEMM_OVERHEAD_S", 0.0)
+
+
 def _plan(eff: float, **layout):
     spec = get_model("llama3-8b")
     lo = Layout(tp=1, pp=1, dp=8, sharding="fsdp", micro_batch=1, recompute="full", **layout)
@@ -51,7 +60,7 @@ def _plan(eff: float, **layout):
     return spec, lo, setup, predict(spec, catalog.get("h100-sxm"), lo, setup)
 
 
-def test_the_efficiency_divides_the_kernels_and_leaves_the_links():
+def test_the_efficiency_divides_the_kernels_and_leaves_the_links(no_gemm_fixed_cost):
     *_, full = _plan(1.0)
     *_, half = _plan(0.5)
     t1, t2 = full.time_breakdown_s, half.time_breakdown_s
@@ -135,7 +144,7 @@ def _rows(tmp_path, values):
     return path, rows
 
 
-def test_validate_anchor_carries_the_first_rows_efficiency(tmp_path):
+def test_validate_anchor_carries_the_first_rows_efficiency(tmp_path, no_gemm_fixed_cost):
     path, rows = _rows(tmp_path, [20000, 25000, 30000])
     results = validate_rows(rows)
     carried = anchored(rows, results)
@@ -149,7 +158,7 @@ def test_validate_anchor_carries_the_first_rows_efficiency(tmp_path):
         assert r.note.startswith("anchored on A-0: stack efficiency")
 
 
-def test_validate_anchor_cli_reports_both_errors(tmp_path, capsys):
+def test_validate_anchor_cli_reports_both_errors(tmp_path, capsys, no_gemm_fixed_cost):
     from tensorpilot.cli import main
 
     path, rows = _rows(tmp_path, [20000, 25000])
@@ -234,7 +243,7 @@ def test_validate_anchors_a_host_bound_first_row_on_the_host(tmp_path):
     assert carried.predicted == pytest.approx(plain[1].predicted, rel=1e-9)
 
 
-def test_nearest_anchors_each_row_on_its_most_similar_run(tmp_path):
+def test_nearest_anchors_each_row_on_its_most_similar_run(tmp_path, no_gemm_fixed_cost):
     path, rows = _rows(tmp_path, [20000, 25000])         # A-0 (mb 1), A-0f (its TFLOP/s), A-1 (mb 2)
     rows.insert(3, dict(rows[2], id="A-2", gpu="A100-80GB", value="9000"))   # A-1 on another part
     results = validate_rows(rows)

