@@ -902,10 +902,8 @@ def test_batched_attention_products_pay_the_kernel_overhead_once():
 
 # OpenXLA's measured bf16 GEMM rates on an H100 SXM (xla/service/gpu/model/
 # matmul_interpolator_data.h, sm_90 table, read at ROCm/xla ea2c45f): (b, m, n, k) -> FLOP/s
-_XLA_H100_BF16 = {(1, 256, 256, 256): 6.72e12, (1, 1024, 1024, 1024): 252.8e12,
-                  (1, 4096, 1024, 1024): 497.6e12,
-                  (1, 2048, 2048, 2048): 641.0e12, (2, 4096, 4096, 512): 613.2e12,
-                  (1, 4096, 4096, 4096): 780.2e12}
+_XLA_H100_BF16 = {(1, 256, 256, 256): 6.72e12, (1, 1024, 1024, 1024): 252.8e12, (1, 4096, 1024, 1024): 497.6e12,
+                  (1, 2048, 2048, 2048): 641.0e12, (2, 4096, 4096, 512): 613.2e12, (1, 4096, 4096, 4096): 780.2e12}
 
 
 @pytest.mark.parametrize("shape", sorted(_XLA_H100_BF16))

@@ -54,7 +54,8 @@ class DeviceRates:
 
 def kernel_share(rates: DeviceRates, efficiency: float) -> DeviceRates:
     """``rates`` as a stack that reaches ``efficiency`` of them runs its kernels (GEMMs, attention,
-    memory-bound ops; plan.anchor): its links, the host and the kernel floor keep their own."""
+    memory-bound ops; plan.anchor): its links, the host, the kernel floor and a GEMM's fixed cost keep
+    their own."""
     if efficiency == 1.0:
         return rates
     return replace(rates, matmul_flops_per_s=rates.matmul_flops_per_s * efficiency,
