@@ -42,6 +42,7 @@ __all__ = [
     "PEAK_FIELDS",
     "UnknownAcceleratorError",
     "all_accelerators",
+    "base_chain",
     "closest",
     "cpu_peak_flops",
     "get",
@@ -370,6 +371,15 @@ def get(name: str) -> Accelerator:
         tail = f"did you mean {', '.join(hint)}?" if hint else f"known: {', '.join(all_accelerators())}."
         raise UnknownAcceleratorError(f"unknown accelerator {name!r}; {tail}")
     return all_accelerators()[key]
+
+
+def base_chain(acc: Accelerator) -> list[Accelerator]:
+    """``acc`` and the parts it is a variant of, nearest first: a user's capped variant of a part
+    the same file describes on a catalog part's silicon gives [variant, part, catalog part]."""
+    chain = [acc]
+    while getattr(chain[-1], "base", None):
+        chain.append(get(chain[-1].base))
+    return chain
 
 
 def closest(name: str, n: int = 3) -> list[str]:

@@ -331,9 +331,7 @@ def calibration_key(acc) -> str:
     on a catalog one) shares the silicon of the part at the root of its bases."""
     from tensorpilot.hardware import catalog
 
-    while getattr(acc, "base", None):
-        acc = catalog.get(acc.base)
-    return acc.key
+    return catalog.base_chain(acc)[-1].key
 
 
 def mamf_fraction(catalog_key: str | None, dtype: str = "bf16", fp8_recipe: str = "te") -> float:

@@ -215,8 +215,7 @@ def _power_cap_fraction(acc: Accelerator) -> float:
     from tensorpilot.hardware import catalog
 
     ref = acc
-    while ref.base:
-        parent = catalog.get(ref.base)
+    for parent in catalog.base_chain(acc)[1:]:
         if parent.peak_flops_per_s("bf16") != acc.peak_flops_per_s("bf16"):
             break
         ref = parent
