@@ -1044,9 +1044,24 @@ def test_eager_elementwise_traffic_by_hand():
         TrainSetup(seq_len=128, global_batch=8, kernels="jit")
 
 
+def test_eager_block_kernels_by_hand():
+    """The memory-bound kernels an eager block launches, forward + backward: half its counted ops
+    (benchmarks/eager_op_count.py) plus autocast's 35 casts, less three kernels a weight GEMM and
+    the attention core's (materialised: 2 batched GEMMs forward, 4 backward; SDPA: 1 + 1)."""
+    from tensorpilot.plan import timing as tm
+
+    gpt = get_model("gpt2-medium")              # plain MLP: c_attn, c_proj, c_fc, mlp c_proj
+    assert tm.eager_block_kernels(gpt, "materialized", autocast=True) == 180 / 2 + 35 - 12 - 6
+    assert tm.eager_block_kernels(gpt, "flash") == 169 / 2 - 12 - 2
+    assert tm.eager_block_kernels(get_model("llama3-8b"), "flash", autocast=True) == 217 / 2 + 35 - 12 - 2
+
+
 def test_eager_kernels_reach_the_step_time_by_hand():
     """One device, no recomputation: eager adds its extra bytes once in forward and twice in
-    backward, for every block and micro-batch, at the device's streaming bandwidth."""
+    backward, for every block and micro-batch, at the device's streaming bandwidth, and each of
+    its memory-bound kernels' fixed cost (5 us): of Llama's 217 ops a block, half launch a kernel,
+    less the 4 weight GEMMs' 12 (qkv, output, gate + up, down; forward and two backward) and
+    SDPA's 2; outside the blocks 65 ops, less the head's 3 GEMMs."""
     from tensorpilot.plan import timing as tm
     from tensorpilot.plan.predict import device_rates
 
@@ -1056,6 +1071,7 @@ def test_eager_kernels_reach_the_step_time_by_hand():
     extra = (tm.elementwise_bytes_per_token(spec, tp=1, sequence_parallel=False, e=2, kernels="eager")
              - tm.elementwise_bytes_per_token(spec, tp=1, sequence_parallel=False, e=2))
     expected = 32 * 2 * 3 * (2 * 4096) * extra / device_rates(acc, "bf16").mem_bytes_per_s   # layers x micro x 3 passes
+    expected += 2 * (32 * (217 / 2 - 12 - 2) + (65 / 2 - 3)) * 5e-6                       # micro x kernels
     assert plans["eager"].step_time_s - plans["fused"].step_time_s == pytest.approx(expected)
     assert plans["eager"].memory_bytes == plans["fused"].memory_bytes
 

@@ -150,7 +150,14 @@ def flash_head_dim_factor(head_dim: int) -> float:
 # 2023, FlashAttention-2, abstract; section 4.1 gives 1.7-3.0x over FlashAttention on A100).
 FIRST_GEN_FLASH_SPEED = 0.5
 
-# Shortest time any kernel takes (launch, ramp and tail): ~5 us for eager PyTorch on CUDA.
+# A kernel's fixed cost (launch, ramp and tail), paid on top of its memory time by every kernel that
+# is not a GEMM (GEMM_OVERHEAD_S below is a GEMM's): 5 us, the fixed cost OpenXLA's table measures for
+# a GEMM. The traced planner charges it on every op (modelplan.costs); the formula planner on the
+# memory-bound kernels of an eager block (timing.eager_block_kernels); a fused attention kernel never
+# takes less. PyTorch's own cost model for automatic parallelisation takes a memory-bound op on an
+# H100 as no less than 7 us, plus a 1 us launch gap in its graph estimate (meta-pytorch/autoparallel
+# autoparallel/cost_models/compute_estimation.py and graph_passes/estimate_graph_metrics.py at
+# a54c252, values fitted on H100 runs: pull request #146, 2025-09).
 KERNEL_FLOOR_S = 5e-6
 # A GEMM's fixed cost on top of its roofline time, paid by every GEMM kernel whatever its size:
 # its first tiles' pipeline fill, the last wave's tail and the epilogue. OpenXLA's measured GEMM

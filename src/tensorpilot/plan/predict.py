@@ -517,6 +517,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         head_s = tm.gemm_time_s(tokens_micro, spec.hidden, vocab, head_rates, e) \
             + tm.backward_gemms_time_s(tokens_micro, spec.hidden, vocab, head_rates, e) \
             + tokens_micro * spec.vocab / lo.tp * loss_bytes / rates.mem_bytes_per_s
+        if s.kernels == "eager":     # the embeddings', final norm's and loss's kernels, beside the head GEMMs
+            head_s += (cal.EAGER_OPS_OUTSIDE_BLOCKS * cal.LAUNCHING_OP_SHARE - 3) * cal.KERNEL_FLOOR_S
     # fp8 scaling: every GEMM input is cast to fp8 with its amax (read e, write 1 byte) in forward,
     # the output gradient likewise in backward, and the saved fp8 input transposed for the
     # weight gradient (Hopper's fp8 GEMM is TN-only: read 1, write 1); block weights are cast
@@ -548,9 +550,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # a recomputed forward dispatches its block again
     host_wait_s = 0.0
     if s.kernels == "eager":
-        kind = ("gated" if spec.mlp == "swiglu" else "plain",
-                "fused" if s.attention in tm.FUSED_ATTENTION else "materialized")
-        ops = cal.EAGER_OPS_PER_BLOCK[kind] * (1 + full / 3)
+        ops = tm.eager_block_ops(spec, s.attention) * (1 + full / 3)
         casts = cal.AUTOCAST_OPS_PER_BLOCK * (1 + full / 3) if prec.autocast else 0.0
         host_s = layers_stage * (ops * cal.EAGER_SECONDS_PER_OP + casts * cal.AUTOCAST_SECONDS_PER_OP) \
             + cal.EAGER_OPS_OUTSIDE_BLOCKS * cal.EAGER_SECONDS_PER_OP

@@ -7,7 +7,8 @@ Op classes and how each is timed on one device (rates from the catalog x calibra
   at half that rate; flash2, FlashAttention-2 named, at its own rate where the part outgrew it);
   materialised -> two batched GEMMs per head (memory bound at head_dim 64-128) + softmax/dropout
   traffic over the a x s x s scores;
-- elementwise (norms, residuals, activation, dropout): bytes / bandwidth;
+- elementwise (norms, residuals, activation, dropout): bytes / bandwidth; run eagerly, one kernel an
+  op, each also pays a kernel's fixed cost (eager_block_kernels);
 - collectives: ring all-reduce moves 2 (n-1)/n of the buffer through each link, all-gather and
   reduce-scatter (n-1)/n (Patarasuk & Yuan 2009; NCCL's "bus bandwidth"), each of 2 (n-1) or
   (n-1) steps paying the latency alpha.
@@ -207,6 +208,26 @@ def elementwise_bytes_per_token(spec: ModelSpec, *, tp: int, sequence_parallel: 
     return (replicated / (tp if sequence_parallel else 1) + split / tp) * cal.ELEMENTWISE_TRAFFIC_FACTOR
 
 
+def eager_block_ops(spec: ModelSpec, attention: str) -> int:
+    """Ops one eager block dispatches from the host, forward + backward
+    (calibration.EAGER_OPS_PER_BLOCK, by MLP and by whether SDPA fuses the attention)."""
+    kind = ("gated" if spec.mlp == "swiglu" else "plain",
+            "fused" if attention in FUSED_ATTENTION else "materialized")
+    return cal.EAGER_OPS_PER_BLOCK[kind]
+
+
+def eager_block_kernels(spec: ModelSpec, attention: str, autocast: bool = False) -> float:
+    """Memory-bound kernels one eager block launches, forward + backward: the launching share of
+    its ops (calibration.LAUNCHING_OP_SHARE) and autocast's casts, less its GEMMs (three a weight:
+    forward, input and weight gradients) and attention kernels (fused: one forward, one backward;
+    materialised: two batched GEMMs forward, four backward), which pay their fixed costs as GEMMs
+    or under the kernel floor. Llama with SDPA: 108.5 - 21 - 2 = 85.5; GPT-2: 84.5 - 12 - 2."""
+    launching = eager_block_ops(spec, attention) * cal.LAUNCHING_OP_SHARE
+    casts = cal.AUTOCAST_OPS_PER_BLOCK if autocast else 0
+    timed = 3 * len(layer_gemms(spec, 1)) + (2 if attention in FUSED_ATTENTION else 6)
+    return max(0.0, launching + casts - timed)
+
+
 def score_bytes_per_element(spec: ModelSpec, e: float, kernels: str = "fused", autocast: bool = False) -> float:
     """Forward traffic over each element of materialised (s x s) attention scores, besides the two
     batched GEMMs that write and read them (e = activation bytes).
@@ -257,6 +278,10 @@ def layer_times(spec: ModelSpec, rates: DeviceRates, *, seq_len: int, micro_batc
     ew = tokens * elementwise_bytes_per_token(spec, tp=tp, sequence_parallel=sequence_parallel, e=e,
                                               kernels=kernels, autocast=autocast) \
         / rates.mem_bytes_per_s
+    if kernels == "eager":
+        # each kernel's fixed cost; a third of the block's kernels are the forward's, as backward_s
+        # counts the elementwise time twice (Llama: 76 forward and 141 backward ops)
+        ew += eager_block_kernels(spec, attention, autocast) / 3 * cal.KERNEL_FLOOR_S
     # one TP collective: all-reduce of the (tokens, h) block output (with sequence parallelism a
     # reduce-scatter + all-gather pair: the same bytes), inside a node
     bw, alpha = group_link(rates, tp, 1)
