@@ -221,7 +221,7 @@ def eager_block_kernels(spec: ModelSpec, attention: str, autocast: bool = False)
     its ops (calibration.LAUNCHING_OP_SHARE) and autocast's casts, less its GEMMs (three a weight:
     forward, input and weight gradients) and attention kernels (fused: one forward, one backward;
     materialised: two batched GEMMs forward, four backward), which pay their fixed costs as GEMMs
-    or under the kernel floor. Llama with SDPA: 108.5 - 21 - 2 = 85.5; GPT-2: 84.5 - 12 - 2."""
+    or under the kernel floor. Llama with SDPA: 108.5 - 12 - 2 = 94.5; GPT-2: 84.5 - 12 - 2 = 70.5."""
     launching = eager_block_ops(spec, attention) * cal.LAUNCHING_OP_SHARE
     casts = cal.AUTOCAST_OPS_PER_BLOCK if autocast else 0
     timed = 3 * len(layer_gemms(spec, 1)) + (2 if attention in FUSED_ATTENTION else 6)
