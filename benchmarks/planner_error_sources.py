@@ -84,9 +84,10 @@ def main() -> None:
     print(f"   every prediction scaled by {math.exp(-centre):.3f} (signed median to 0): "
           f"{pct([x - centre for x in logs])}")
 
-    by_source: dict[str, list[tuple[float, tuple]]] = defaultdict(list)
+    grouped: dict[str, list[tuple[dict, float]]] = defaultdict(list)
     for row, x in data:
-        by_source[row["source"]].append((x, _run_key(row)))
+        grouped[row["source"]].append((row, x))
+    by_source = {source: [(x, _run_key(row)) for row, x in members] for source, members in grouped.items()}
     planned, levelled = [], []
     for members in by_source.values():
         for x, key in members:
@@ -106,9 +107,6 @@ def main() -> None:
             "framework + precision": lambda r: (framework(r), (r["precision"].split() or ["?"])[0]),
             "framework + precision + kernels": lambda r: (framework(r), (r["precision"].split() or ["?"])[0],
                                                           _kernels(r))}
-    grouped: dict[str, list[tuple[dict, float]]] = defaultdict(list)
-    for row, x in data:
-        grouped[row["source"]].append((row, x))
     print("3. the level guessed from the other sources sharing the row's (at least 5 of them):")
     for name, key in keys.items():
         source_level: dict[tuple, list[tuple[str, float]]] = defaultdict(list)

@@ -179,10 +179,11 @@ def device_rates(acc: Accelerator, compute_dtype: str, fp8_recipe: str = "te",
         raise ConfigError(f"{acc.key} has no published {compute_dtype} peak; choose another --precision.")
     if compute_dtype in mem.LOW_PRECISION_GEMMS:
         # everything but the GEMMs runs as under bf16
+        key = cal.calibration_key(acc)
         return replace(device_rates(acc, "bf16", attention=attention),
                        matmul_flops_per_s=peak * cal.SUSTAINED_COMPUTE_FRACTION * _power_cap_fraction(acc)
-                       * cal.mamf_fraction(cal.calibration_key(acc), compute_dtype, fp8_recipe),
-                       gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, cal.calibration_key(acc)))
+                       * cal.mamf_fraction(key, compute_dtype, fp8_recipe),
+                       gemm_half_depth=cal.gemm_half_depth(peak, acc.mem_bw_gb_per_s, key))
     link = (acc.link_gb_per_s or 32) * 1e9 / 2 * cal.LINK_BW_FRACTION          # both directions -> one
     host = acc.host_link_gb_per_s * 1e9 / 2 * cal.LINK_BW_FRACTION if acc.host_link_gb_per_s else None
     net = (acc.internode_gbit_per_s or 100) * 1e9 / 8 * cal.INTERNODE_BW_FRACTION
@@ -517,8 +518,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         head_s = tm.gemm_time_s(tokens_micro, spec.hidden, vocab, head_rates, e) \
             + tm.backward_gemms_time_s(tokens_micro, spec.hidden, vocab, head_rates, e) \
             + tokens_micro * spec.vocab / lo.tp * loss_bytes / rates.mem_bytes_per_s
-        if s.kernels == "eager":     # the embeddings', final norm's and loss's kernels, beside the head GEMMs
-            head_s += (cal.EAGER_OPS_OUTSIDE_BLOCKS * cal.LAUNCHING_OP_SHARE - 3) * cal.KERNEL_FLOOR_S
+        if s.kernels == "eager":
+            head_s += tm.eager_outside_kernels() * cal.KERNEL_FLOOR_S
     # fp8 scaling: every GEMM input is cast to fp8 with its amax (read e, write 1 byte) in forward,
     # the output gradient likewise in backward, and the saved fp8 input transposed for the
     # weight gradient (Hopper's fp8 GEMM is TN-only: read 1, write 1); block weights are cast

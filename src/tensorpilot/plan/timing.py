@@ -228,6 +228,12 @@ def eager_block_kernels(spec: ModelSpec, attention: str, autocast: bool = False)
     return max(0.0, launching + casts - timed)
 
 
+def eager_outside_kernels() -> float:
+    """Memory-bound kernels an eager micro-batch launches outside its blocks (embeddings, final norm,
+    loss; calibration.EAGER_OPS_OUTSIDE_BLOCKS), less the output layer's three GEMMs: 29.5."""
+    return cal.EAGER_OPS_OUTSIDE_BLOCKS * cal.LAUNCHING_OP_SHARE - 3
+
+
 def score_bytes_per_element(spec: ModelSpec, e: float, kernels: str = "fused", autocast: bool = False) -> float:
     """Forward traffic over each element of materialised (s x s) attention scores, besides the two
     batched GEMMs that write and read them (e = activation bytes).
