@@ -171,3 +171,74 @@ def test_cli_plans_the_named_implementation(capsys):
         assert main([*flags, "--optimizer-impl", impl]) == 0
         steps[impl] = json.loads(capsys.readouterr().out)["time_breakdown_s"]["optimizer"]
     assert steps["foreach"] == pytest.approx(steps["fused"] * 80 / 28)
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The most bytes held at once by tensors the ops create (outputs that are none of their inputs),
+    each released when Python frees it."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import weakref
+
+        ptrs = {t.data_ptr() for t in tree_flatten((args, kwargs or {}))[0] if isinstance(t, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.numel() > 1 and t.data_ptr() not in ptrs:
+                size = t.numel() * t.element_size()
+                self.live += size
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, size)
+        return out
+
+    def _free(self, size: int) -> None:
+        self.live -= size
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+def test_the_step_temporary_is_what_torch_adamw_allocates(impl):
+    # one real AdamW step after the first (the moments exist): the bytes it allocates on top of the
+    # weights, gradients and moments, beside the planner's temporary for the same states
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 64))
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, **({"fused": True} if impl == "fused" else {"foreach": True}))
+    for step in range(2):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        if step:
+            with _LiveBytes() as live:
+                opt.step()
+        else:
+            opt.step()
+    n = sum(p.numel() for p in params)
+    states = {"params": 4 * n, "grads": 4 * n, "master_params": 0, "optimizer": 8 * n}   # fp32 AdamW
+    planned = pr.optimizer_step_temporary_bytes(states, "adamw", impl, "none")
+    assert planned == (4 * n if impl == "foreach" else 0)
+    assert live.peak == pytest.approx(planned, abs=64 * len(params))   # a few step-counter scalars aside
+
+
+def test_the_step_temporary_sets_the_peak_only_where_activations_are_fewer():
+    # Llama-2 7B on 2 A100s under FSDP, full recompute, one sequence of 2048: the foreach step's
+    # moment-sized temporary (4 bytes x 3.37e9 parameters a rank) outgrows the backward's
+    # activations, logits and buffers, so the peak grows by the difference; under no recompute and
+    # 8 sequences the activations stay larger and the peak is the backward's
+    from tensorpilot.layout import Layout
+
+    spec, acc = get_model("llama2-7b"), catalog.get("a100-sxm4-80gb")
+    for recompute, micro, grows in (("full", 1, True), ("none", 8, False)):
+        lo = Layout(tp=1, pp=1, dp=2, micro_batch=micro, sharding="fsdp", recompute=recompute)
+        kw = dict(seq_len=2048, global_batch=2 * micro, precision="bf16")
+        fused = pr.predict(spec, acc, lo, pr.TrainSetup(**kw, optimizer_impl="fused")).memory_bytes
+        foreach = pr.predict(spec, acc, lo, pr.TrainSetup(**kw, optimizer_impl="foreach")).memory_bytes
+        held = foreach["activations"] + foreach["logits_and_loss"] + foreach["buffers"]
+        moment = foreach["optimizer"] / 2
+        assert moment == pytest.approx(4 * spec.n_params / 2)
+        assert fused["optimizer_step"] == 0
+        assert foreach["optimizer_step"] == pytest.approx(max(0.0, moment - held))
+        assert (foreach["optimizer_step"] > 0) is grows
+        assert foreach["total"] - fused["total"] == pytest.approx(
+            foreach["optimizer_step"] * (1 + cal.ALLOCATOR_OVERHEAD_FRACTION))

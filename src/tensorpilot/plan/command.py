@@ -448,7 +448,7 @@ def _print_plan(plan, spec, setup) -> None:
                      "the window saves nothing there)"))
     mt = Table(title="memory per device (busiest)", show_header=False)
     for k, v in plan.memory_bytes.items():
-        if k != "total":
+        if k != "total" and (v or k != "optimizer_step"):     # the step's temporaries: foreach Adam only
             mt.add_row(k, _gib(v))
     verdict = "[green]fits[/]" if plan.fits else "[red]does NOT fit[/]"
     mt.add_row("[bold]total[/]", f"[bold]{_gib(plan.memory_bytes['total'])}[/] of {_gib(plan.device_memory_bytes)}: "

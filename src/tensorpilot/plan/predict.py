@@ -321,6 +321,16 @@ def _optimizer_bytes_per_param(prec, optimizer: str, impl: str) -> float:
             + (n["exp_avg"] + n["exp_avg_sq"] + n["temporary"]) * moment)
 
 
+def optimizer_step_temporary_bytes(states: dict[str, float], optimizer: str, impl: str, offload: str) -> float:
+    """Bytes the device allocates for the optimizer step's temporaries: foreach Adam(W), one moment's
+    size (the denominator of the update, computed for all parameters before addcdiv applies it); a
+    fused kernel, none; a per-tensor loop, one tensor's at a time (not counted); an offloaded step
+    runs on the host."""
+    if impl != "foreach" or optimizer not in _UNFUSED_COUNTED or offload != "none":
+        return 0.0
+    return states["optimizer"] / 2
+
+
 def muon_gemms(spec: ModelSpec, layers: int | None = None, tp: int = 1) -> list[tuple[int, int, int, int]]:
     """The GEMMs of one Muon step's Newton-Schulz iterations over the block matrices of ``layers``
     blocks (default all), as (M, K, N, count). Each iteration on an (m, n) momentum, m <= n:
@@ -460,8 +470,17 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         (layers_stage * spec.layer_params / lo.tp if lowp else params_stage)
     buffers += prec.weight_copy_bytes * copied_params
     allocated = sum(states.values()) + held_acts + held_logits + buffers
+    # the optimizer step, after backward has freed the activations: torch.optim's foreach Adam(W)
+    # holds one temporary the size of a moment over every parameter it updates at once (the
+    # denominator, _foreach_sqrt(exp_avg_sq); torch/optim/adamw.py _multi_tensor_adamw), which can
+    # outgrow the backward's peak where activations are few (full recompute, FSDP on few ranks)
+    step_extra = optimizer_step_temporary_bytes(states, s.optimizer, s.optimizer_impl, s.offload) \
+        - (held_acts + held_logits + buffers)
+    step_extra = max(0.0, step_extra)
+    allocated += step_extra
     memory_bytes = {**states, "activations": held_acts, "logits_and_loss": held_logits,
-                    "buffers": buffers, "allocator_overhead": allocated * cal.ALLOCATOR_OVERHEAD_FRACTION,
+                    "buffers": buffers, "optimizer_step": step_extra,
+                    "allocator_overhead": allocated * cal.ALLOCATOR_OVERHEAD_FRACTION,
                     "cuda_context": cal.CONTEXT_BYTES}
     memory_bytes["total"] = sum(memory_bytes.values())
     device_bytes = (acc.mem_gb or 0) * 2**30
