@@ -30,7 +30,7 @@ from tensorpilot.plan.limits import (MAX_DEVICES, MAX_GRID_G_PER_KWH, MAX_PRICE_
 from tensorpilot.plan.models import ModelSpec
 
 __all__ = ["OFFLOADS", "InferencePlan", "Layout", "Plan", "TrainSetup", "device_rates", "hourly_price",
-           "least_recompute", "predict", "predict_inference", "recompute_share"]
+           "least_recompute", "optimizer_step_temporary_bytes", "predict", "predict_inference", "recompute_share"]
 
 
 # what lives in host memory: nothing; the optimizer's part (fp32 master, states, fp32 gradients;
@@ -474,9 +474,8 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # holds one temporary the size of a moment over every parameter it updates at once (the
     # denominator, _foreach_sqrt(exp_avg_sq); torch/optim/adamw.py _multi_tensor_adamw), which can
     # outgrow the backward's peak where activations are few (full recompute, FSDP on few ranks)
-    step_extra = optimizer_step_temporary_bytes(states, s.optimizer, s.optimizer_impl, s.offload) \
-        - (held_acts + held_logits + buffers)
-    step_extra = max(0.0, step_extra)
+    step_extra = max(0.0, optimizer_step_temporary_bytes(states, s.optimizer, s.optimizer_impl, s.offload)
+                     - (held_acts + held_logits + buffers))
     allocated += step_extra
     memory_bytes = {**states, "activations": held_acts, "logits_and_loss": held_logits,
                     "buffers": buffers, "optimizer_step": step_extra,
