@@ -216,7 +216,7 @@ def test_the_step_temporary_is_what_torch_adamw_allocates(impl):
             opt.step()
     n = sum(p.numel() for p in params)
     states = {"params": 4 * n, "grads": 4 * n, "master_params": 0, "optimizer": 8 * n}   # fp32 AdamW
-    planned = pr.optimizer_step_temporary_bytes(states, "adamw", impl, "none")
+    planned = pr.optimizer_step_temporary_bytes(states, "adamw", impl)
     assert planned == (4 * n if impl == "foreach" else 0)
     assert live.peak == pytest.approx(planned, abs=64 * len(params))   # a few step-counter scalars aside
 

@@ -321,12 +321,12 @@ def _optimizer_bytes_per_param(prec, optimizer: str, impl: str) -> float:
             + (n["exp_avg"] + n["exp_avg_sq"] + n["temporary"]) * moment)
 
 
-def optimizer_step_temporary_bytes(states: dict[str, float], optimizer: str, impl: str, offload: str) -> float:
+def optimizer_step_temporary_bytes(states: dict[str, float], optimizer: str, impl: str) -> float:
     """Bytes the device allocates for the optimizer step's temporaries: foreach Adam(W), one moment's
-    size (the denominator of the update, computed for all parameters before addcdiv applies it); a
-    fused kernel, none; a per-tensor loop, one tensor's at a time (not counted); an offloaded step
-    runs on the host."""
-    if impl != "foreach" or optimizer not in _UNFUSED_COUNTED or offload != "none":
+    size of the states the device holds (the denominator of the update, computed for all parameters
+    before addcdiv applies it; none where the states are offloaded to the host); a fused kernel,
+    none; a per-tensor loop, one tensor's at a time (not counted)."""
+    if impl != "foreach" or optimizer not in _UNFUSED_COUNTED:
         return 0.0
     return states["optimizer"] / 2
 
@@ -474,7 +474,7 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     # holds one temporary the size of a moment over every parameter it updates at once (the
     # denominator, _foreach_sqrt(exp_avg_sq); torch/optim/adamw.py _multi_tensor_adamw), which can
     # outgrow the backward's peak where activations are few (full recompute, FSDP on few ranks)
-    step_extra = max(0.0, optimizer_step_temporary_bytes(states, s.optimizer, s.optimizer_impl, s.offload)
+    step_extra = max(0.0, optimizer_step_temporary_bytes(states, s.optimizer, s.optimizer_impl)
                      - (held_acts + held_logits + buffers))
     allocated += step_extra
     memory_bytes = {**states, "activations": held_acts, "logits_and_loss": held_logits,
