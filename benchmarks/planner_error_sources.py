@@ -15,7 +15,12 @@ prints:
    sources that share the row's framework (named in its source or notes), precision and kernels --
    how far coarse facts about a stack go towards its level;
 4. the agreement of different sources that publish the same planner inputs (rows whose predictions
-   are identical): their spread around their geometric median against the planner's error on them.
+   are identical): their spread around their geometric median against the planner's error on them;
+5. pairs of one source's rows (same metric) that differ in one planner input only: by input, how
+   far the planner misses their ratio; for precision and the part, the most common pairs and which
+   way the planner leans (the second row of the pair planned faster, relative to the first, by);
+6. the memory rows outside the reference split by metric and sharding, and by metric and
+   recompute: median signed error (planned over published) -- which memory the planner misses.
 
     tensorpilot plan validate tests/unit/data/published_runs.csv \\
         --hardware-file tests/unit/data/published_runs_hardware.toml --json > /tmp/validate.json
@@ -39,6 +44,17 @@ SPEED_KINDS = ("throughput", "step_time", "totals")
 FRAMEWORKS = ("nemo", "megatron", "deepspeed", "torchtitan", "maxtext", "jax", "colossal", "paddle",
               "mlcommons", "nanogpt", "llm.c", "unsloth", "axolotl", "torchtune", "llama-factory", "xtuner",
               "swift", "composer", "foundry", "lightning", "accelerate", "trainer", "fsdp")
+
+
+# part families by the first name found in a row's gpu column (the more specific first)
+PART_FAMILIES = ("gh200", "gb200", "gb300", "b200", "b300", "h200", "h100", "h800", "h20", "a100", "a800", "v100",
+                 "mi250", "mi300", "mi325", "mi355", "4090", "3090", "5090", "a6000", "l40", "a10", "t4", "p100",
+                 "tpu", "gaudi", "trn")
+
+
+def part_family(row: dict) -> str:
+    name = row["gpu"].lower()
+    return next((f for f in PART_FAMILIES if f in name), "other")
 
 
 def framework(row: dict) -> str:
@@ -138,6 +154,47 @@ def main() -> None:
         print(f"4. rows whose identical planner inputs two or more {label} published: {len(spread)}; "
               f"their spread around the group's geometric median {pct(spread)}; the planner's median "
               f"|error| on them {statistics.median(errors):.1f}%")
+
+    # 5. one source's rows of one metric that differ in exactly one planner input
+    runs: dict[tuple[str, str], list[tuple[float, dict, dict]]] = defaultdict(list)
+    metric_of = {r["id"]: r["metric"] for r in results}
+    for row, x in data:
+        runs[(row["source"], metric_of[row["id"]])].append((x, dict(_run_key(row)), row))
+    pairs: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    values: dict[tuple[str, str, str], list[tuple[float, str]]] = defaultdict(list)
+    label = {"precision": lambda r: r["precision"].strip().lower(), "gpu": part_family}
+    for (source, _), members in runs.items():
+        for i, (xa, ka, ra) in enumerate(members):
+            for xb, kb, rb in members[i + 1:]:
+                differ = [k for k in set(ka) | set(kb) if ka.get(k) != kb.get(k)]
+                if len(differ) != 1:
+                    continue
+                field = differ[0]
+                pairs[field].append((abs(xb - xa), source))
+                if field in label and label[field](ra) != label[field](rb):
+                    (a, xa2), (b, xb2) = sorted([(label[field](ra), xa), (label[field](rb), xb)])
+                    values[(field, a, b)].append((xb2 - xa2, source))
+    print("5. one source's rows that differ in one planner input only (|error| on the ratio of the two):")
+    for field, found in sorted(pairs.items(), key=lambda kv: -len(kv[1])):
+        if len(found) >= 15:
+            print(f"   {field}: {len(found)} pairs, {len({s for _, s in found})} sources, "
+                  f"{pct([d for d, _ in found])}")
+    for (field, a, b), found in sorted(values.items(), key=lambda kv: -len(kv[1]))[:12]:
+        lean = math.exp(statistics.median(d for d, _ in found)) * 100 - 100
+        print(f"   {field} {a} -> {b}: {len(found)} pairs, {len({s for _, s in found})} sources, "
+              f"the second planned {lean:+.1f}% faster relative to the first")
+
+    print("6. memory rows (median signed error, planned over published; groups of 20 rows or more):")
+    for field in ("sharding", "recompute"):
+        memory: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
+        for r in results:
+            if r.get("error_pct") is not None and r["split"] != "reference" and r["kind"] == "memory":
+                row = rows[r["id"]]
+                memory[(r["metric"], row[field] or "(blank)")].append((r["error_pct"], row["source"]))
+        for (metric, value), found in sorted(memory.items(), key=lambda kv: -len(kv[1])):
+            if len(found) >= 20:
+                print(f"   {metric}, {field} {value}: {len(found)} rows, {len({s for _, s in found})} sources, "
+                      f"{statistics.median(e for e, _ in found):+.1f}%")
 
 
 if __name__ == "__main__":
