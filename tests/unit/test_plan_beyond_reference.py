@@ -1627,6 +1627,24 @@ def test_measured_gemm_fractions_of_more_parts(key, precision, mamf_tflops, theo
         acc.peak_flops_per_s(precision) * cal.SUSTAINED_COMPUTE_FRACTION * fraction)
 
 
+# zzc0721/torch-performance-test-data database.md: the best torch.mm TFLOP/s over square sizes
+# 1024-10240, the median of a part's entries (fp32: torch's default, TF32 off)
+@pytest.mark.parametrize("key,precision,measured_tflops", [
+    ("rtx-4090", "bf16", 166.6), ("rtx-3090", "bf16", 76.6), ("rtx-5090", "bf16", 239.1), ("l40s", "bf16", 269.2),
+    ("h20", "bf16", 141.9), ("rtx-a6000", "bf16", 123.3), ("rtx-pro-6000-blackwell", "bf16", 418.0),
+    ("a100-sxm4-80gb", "fp32", 19.08), ("h100-sxm", "fp32", 52.11), ("b200", "fp32", 66.24),
+    ("rtx-3090", "fp32", 24.79), ("rtx-4090", "fp32", 54.77), ("l40s", "fp32", 46.88), ("h20", "fp32", 31.95),
+])
+def test_a_measured_torch_mm_rate_is_the_parts_gemm_rate(key, precision, measured_tflops):
+    # the planner's large-GEMM rate is the measured one, held for a step (sustained), whatever the
+    # catalog's peak: a GeForce card past its datasheet clock, an Ada card's fp32 below its peak
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.predict import device_rates
+
+    rate = device_rates(catalog.get(key), precision).matmul_flops_per_s
+    assert rate == pytest.approx(measured_tflops * 1e12 * cal.SUSTAINED_COMPUTE_FRACTION, rel=0.015)
+
+
 def test_a_part_with_a_measured_stream_rate_streams_at_it():
     # ALCF's STREAM triad on one Max 1550 tile (and on each of a node's 12): 1 TB/s of its 1.64
     from tensorpilot.plan.predict import device_rates

@@ -48,16 +48,38 @@ from __future__ import annotations
 # TFLOP/s on one tile alone and 2645 on the node's 12 tiles at once (220 a tile: the cards' power
 # and clocks shared, as in training, which runs every tile): 220 / 419.4 = 0.53 (TF32GEMM 1311 /
 # 12 / 209.7 = 0.52 agrees).
+# Workstation, GeForce and inference parts: a crowd-sourced table of torch.mm throughput
+# (zzc0721/torch-performance-test-data database.md at 0785868; its test.py times 30 square GEMMs of
+# each size 1024-10240 after 6 warm-up and keeps the best size; PyTorch 2.2-2.8), bf16 over the
+# catalog's dense fp32-accumulate peak, the median of a part's entries: RTX 4090 166.6 / 165.2 =
+# 1.01 (four entries), RTX 3090 76.6 / 71 = 1.08 (three), RTX 3080 Ti 76.5 / 68.2 = 1.12, RTX 5090
+# 239.1 / 209.5 = 1.14 (two), RTX PRO 6000 Blackwell Workstation 418.0 / 503.8 = 0.83, RTX A6000
+# 123.3 / 154.8 = 0.80, L40S 269.2 / 362 = 0.74, H20 141.9 / 148 = 0.96. GeForce cards boost past
+# the clock their datasheet peak assumes, hence fractions above 1. The same table's H100 (784-789)
+# and H200 (790) entries are 0.80 of 989, the MAMF figure above, so the two compare.
 MAMF_FRACTION: dict[str, float] = {
     "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
     "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.67, "gb200": 0.67,
     "mi250x-gcd": 0.77, "v100-sxm2-32gb": 0.66, "mi325x": 0.60, "mi355x": 0.62, "mi350x": 0.62, "gaudi2": 0.97,
-    "gaudi3": 0.68, "t4": 0.37, "max-1550-tile": 0.53,
+    "gaudi3": 0.68, "t4": 0.37, "max-1550-tile": 0.53, "rtx-4090": 1.01, "rtx-3090": 1.08,
+    "rtx-3080-ti": 1.12, "rtx-5090": 1.14, "rtx-pro-6000-blackwell": 0.83, "rtx-a6000": 0.80, "l40s": 0.74,
+    "h20": 0.96,
 }
-# fp32 GEMMs off the tensor cores (SIMT SGEMM): Volta's cuBLAS SGEMM reaches ~1/7 of its 83
-# TFLOP/s mixed-precision rate, 0.76 of the 15.7 fp32 peak (Markidis et al. 2018, above). Other
-# parts: their bf16 fraction (ASSUMED).
-MAMF_FRACTION_FP32: dict[str, float] = {"v100-sxm2-32gb": 0.76}
+# fp32 GEMMs off the tensor cores (SIMT SGEMM, torch's default: TF32 off for matmuls): Volta's
+# cuBLAS SGEMM reaches ~1/7 of its 83 TFLOP/s mixed-precision rate, 0.76 of the 15.7 fp32 peak
+# (Markidis et al. 2018, above). The torch.mm table above, fp32 column over the catalog's fp32
+# peak: A100 (SXM4 80GB 19.18, A800 19.08, 40GB 18.11) 0.98, H100 SXM (52.11; 51.88 in the table's
+# issue #79) 0.78, H200 51.34 / 66.9 = 0.77, H20 31.95 / 44 = 0.73, B200 66.24 / 75 = 0.88. Parts
+# since GA102 count two fp32 FMAs a clock on half their lanes, which GEMMs cannot keep fed: RTX
+# 3090 24.79 / 35.6 = 0.70, RTX 4090 54.77 / 82.6 = 0.66, RTX 3080 Ti 24.37 / 34.1 = 0.71, RTX 5090
+# 68.4 / 105.2 = 0.65, RTX PRO 6000 Blackwell 77.24 / 125 = 0.62, RTX A6000 23.92 / 38.7 = 0.62,
+# L40S 46.88 / 91.6 = 0.51. Other parts: their bf16 fraction (ASSUMED).
+MAMF_FRACTION_FP32: dict[str, float] = {
+    "v100-sxm2-32gb": 0.76, "a100-sxm4-80gb": 0.98, "a100-sxm4-40gb": 0.98, "a100-pcie-80gb": 0.98,
+    "a100-pcie-40gb": 0.98, "h100-sxm": 0.78, "h200-sxm": 0.77, "h20": 0.73, "b200": 0.88, "rtx-3090": 0.70,
+    "rtx-4090": 0.66, "rtx-3080-ti": 0.71, "rtx-5090": 0.65, "rtx-pro-6000-blackwell": 0.62, "rtx-a6000": 0.62,
+    "l40s": 0.51,
+}
 # Devices without a measurement: an ASSUMED fraction between the measured NVIDIA parts.
 DEFAULT_MAMF_FRACTION = 0.80
 # fp8 (e4m3) GEMMs through cuBLASLt, 8192^3, TN layout (the only one Hopper's fp8 GEMM takes):
