@@ -51,12 +51,13 @@ from __future__ import annotations
 # Workstation, GeForce and inference parts: a crowd-sourced table of torch.mm throughput
 # (zzc0721/torch-performance-test-data database.md at 0785868; its test.py times 30 square GEMMs of
 # each size 1024-10240 after 6 warm-up and keeps the best size; PyTorch 2.2-2.8), bf16 over the
-# catalog's dense fp32-accumulate peak, the median of a part's entries: RTX 4090 166.6 / 165.2 =
-# 1.01 (four entries), RTX 3090 76.6 / 71 = 1.08 (three), RTX 3080 Ti 76.5 / 68.2 = 1.12, RTX 5090
-# 239.1 / 209.5 = 1.14 (two), RTX PRO 6000 Blackwell Workstation 418.0 / 503.8 = 0.83, RTX A6000
-# 123.3 / 154.8 = 0.80, L40S 269.2 / 362 = 0.74, H20 141.9 / 148 = 0.96. GeForce cards boost past
-# the clock their datasheet peak assumes, hence fractions above 1. The same table's H100 (784-789)
-# and H200 (790) entries are 0.80 of 989, the MAMF figure above, so the two compare.
+# catalog's dense peak (a GeForce card's fp32-accumulate rate), the median of a part's entries:
+# RTX 4090 166.6 / 165.2 = 1.01 (four entries), RTX 3090 76.6 / 71 = 1.08 (three), RTX 3080 Ti
+# 76.5 / 68.2 = 1.12, RTX 5090 239.1 / 209.5 = 1.14 (two), RTX PRO 6000 Blackwell Workstation
+# 418.0 / 503.8 = 0.83, RTX A6000 123.3 / 154.8 = 0.80, L40S 269.2 / 362 = 0.74, H20 141.9 / 148 =
+# 0.96. GeForce cards boost past the clock their datasheet peak assumes, hence fractions above 1.
+# The same table's H100 (784-789) and H200 (790) entries are 0.80 of 989, the MAMF figure above,
+# so the two compare.
 MAMF_FRACTION: dict[str, float] = {
     "h100-sxm": 0.80, "h200-sxm": 0.80, "a100-sxm4-80gb": 0.87, "a100-sxm4-40gb": 0.87,
     "a100-pcie-80gb": 0.81, "a100-pcie-40gb": 0.81, "mi300x": 0.55, "b200": 0.67, "gb200": 0.67,
