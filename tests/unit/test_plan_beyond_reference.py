@@ -237,6 +237,28 @@ def test_lamb_and_lion_state_and_step_traffic_by_hand():
     assert pure.optim_bytes == 2                      # the momentum kept in bf16 with the weights
 
 
+def test_adam_mini_keeps_half_of_adams_state_by_hand():
+    from tensorpilot.plan.validate import _optimizer
+
+    spec, acc, lo = get_model("llama3-8b"), catalog.get("h100-sxm"), Layout(dp=8, sharding="zero1")
+
+    def plan(optimizer):
+        return predict(spec, acc, lo, TrainSetup(seq_len=4096, global_batch=16, optimizer=optimizer))
+    adam, mini = plan("adamw"), plan("adam-mini")
+    # Adam-mini (Zhang et al. 2024) keeps Adam's m (fp32, 4 bytes) and one v per block: llama3-8b's
+    # blocks are 32 layers x (32 query + 8 key heads + the 1,024 + 4,096 + 2 x 14,336 + 4,096
+    # output neurons of V, O, gate/up and down) + 2 x 128,256 token rows = 1.47M values, 0.02% of
+    # its 8.03B parameters, not counted
+    assert mini.memory_bytes["optimizer"] == pytest.approx(spec.n_params * 4 / 8)
+    assert mini.memory_bytes["optimizer"] == pytest.approx(adam.memory_bytes["optimizer"] / 2)
+    # its step moves the fp32 gradient 4, the master read and written 2 x 4, m read and written
+    # 2 x 4 and the bf16 copy 2 = 22 bytes a parameter against fused AdamW's 30
+    assert mini.time_breakdown_s["optimizer"] / adam.time_breakdown_s["optimizer"] == pytest.approx(22 / 30)
+    for label in ("Adam-mini", "adam_mini", "AdamMini"):
+        assert _optimizer({**_LLAMA_ROW, "optimizer": label}) == "adam-mini"
+    assert mem.precision("bf16-pure", "adam-mini").optim_bytes == 2     # m kept in bf16 with the weights
+
+
 @pytest.mark.parametrize("notes,optimizer", [
     ("optimizer: Muon (Newton-Schulz orthogonalised momentum) + AdamW on embeddings", "muon"),
     ("Muon for matrices + AdamW for embeddings/lm_head (optimizer column blank)", "muon"),

@@ -109,12 +109,13 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "with the block GEMMs in fp8 or NVFP4 / MXFP4 (Blackwell, MI355X) (default: bf16).")
     t.add_argument("--optimizer", default="adam",
                    choices=["adam", "adamw", "sgd", "sgd-plain", "adafactor", "adamw8bit", "muon", "lamb", "lion",
-                            "none"],
+                            "adam-mini", "none"],
                    help="optimizer whose state is counted (default: adam; sgd: with momentum; sgd-plain: "
                         "without, no state; adafactor and adamw8bit "
                         "keep much less, see plan/memory.py; muon: one momentum on the block matrices, "
                         "orthogonalised by Newton-Schulz GEMMs, AdamW on the rest; lamb: Adam's moments and a "
-                        "trust ratio per tensor; lion: one momentum; none: forward and "
+                        "trust ratio per tensor; lion: one momentum; adam-mini: Adam's first moment and one "
+                        "second moment per block; none: forward and "
                         "backward only, no step)")
     t.add_argument("--optimizer-impl", default="fused", choices=["fused", "foreach", "loop"],
                    help="How the optimizer step runs: fused (one kernel: torch fused=True, Apex / Transformer "

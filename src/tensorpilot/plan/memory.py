@@ -100,11 +100,16 @@ LOSS_CHUNKS = 8           # torchtune's num_output_chunks
 #               two norms, no further state
 #   lion        Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", arXiv
 #               2302.06675, Algorithm 1): the momentum only, 4
+#   adam-mini   Adam-mini (Zhang et al. 2024, "Adam-mini: Use Fewer Learning Rates To Gain More",
+#               arXiv 2406.16793; its package from 1.1.0): Adam's m, 4, and one fp32 v per block of
+#               the Hessian's structure (a query or key head, an output neuron, a token's embedding
+#               row), well under 1% of the parameters and not counted: half of AdamW's states, the
+#               "50% memory over Adam" its README states
 #   none        no optimizer step at all: a benchmark of forward and backward only (Hugging Face's
 #               SDPA training benchmarks), or an update fused into backward without state (LOMO)
 OPTIMIZER_STATE_BYTES = {"adam": 8.0, "adamw": 8.0, "adamw-bf16": 4.0, "sgd": 4.0, "sgd-plain": 0.0,
                          "adamw8bit": 2 * (1 + 4 / 256), "adafactor": 0.05, "muon": 4.0, "lamb": 8.0, "lion": 4.0,
-                         "none": 0.0}
+                         "adam-mini": 4.0, "none": 0.0}
 
 # Precision labels as papers, configs and framework docs write them (lower-cased, only letters
 # and digits kept) -> recipe. 'bf16' alone is torchtitan's FSDP2 mixed precision (bf16 compute,
@@ -211,7 +216,7 @@ def precision(name: str, optimizer: str = "adam", state_bytes_per_param: float |
     if name in ("bf16-amp", "fp16-amp"):
         return Precision(name, name[:4], 4, 4, 0, st, 2, 2)
     if name in ("bf16-pure", "fp16-pure"):   # states kept in half too: half of fp32 ones (8-bit and bf16 ones stay)
-        halved = optimizer in ("adam", "adamw", "sgd", "muon", "lamb", "lion")
+        halved = optimizer in ("adam", "adamw", "sgd", "muon", "lamb", "lion", "adam-mini")
         return Precision(name, name[:4], 2, 2, 0, st / 2 if halved else st, 2, 0)
     if name == "fp8":
         return Precision(name, "fp8", 2, 4, 4, st, 2, 2, gemm_input_bytes=1)

@@ -128,6 +128,7 @@ _OPTIMIZERS = {"": "adam", "adam": "adam", "adamw": "adamw", "sgd": "sgd", "sgd 
                "8-bit adam": "adamw8bit", "adamw 8bit": "adamw8bit", "bnb adamw8bit": "adamw8bit",
                "adamw-bf16": "adamw-bf16", "adamw bf16": "adamw-bf16", "muon": "muon", "none": "none",
                "no optimizer": "none", "lamb": "lamb", "fused lamb": "lamb", "fusedlamb": "lamb", "lion": "lion",
+               "adam-mini": "adam-mini", "adam mini": "adam-mini", "adammini": "adam-mini",
                # bitsandbytes' paged optimizers keep AdamW's states (32- or 8-bit) on the device and
                # page them to the host only when the device runs out
                "paged adamw": "adamw", "paged adamw 32bit": "adamw", "paged adamw 8bit": "adamw8bit"}
