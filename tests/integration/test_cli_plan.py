@@ -41,10 +41,12 @@ def test_plan_json_has_the_promised_fields(tmp_path):
 def test_grad_bucket_copies_stream_four_times_the_gradient_bytes(tmp_path):
     """--grad-bucket-copies (PyTorch DDP's default gradient_as_bucket_view=False): each gradient is
     copied into its bucket and back, a read and a write each way, at the streaming rate (0.88 of the
-    A100's 2,039 GB/s); one device has no replica to reduce with, so nothing is copied."""
+    A100's 2,039 GB/s, a tuned recipe's: --stack recipe); one device has no replica to reduce with, so
+    nothing is copied."""
     def plan(gpus, *extra):
         return json.loads(run_cli("plan", "--model", "gpt2", "--gpu", "a100-sxm4-80gb", "--gpus", gpus, "--seq-len",
-                                  "1024", "--global-batch", "64", *extra, "--json", cwd=tmp_path, check=True).stdout)
+                                  "1024", "--global-batch", "64", "--stack", "recipe", *extra, "--json", cwd=tmp_path,
+                                  check=True).stdout)
 
     views, copies = plan("8"), plan("8", "--grad-bucket-copies")
     added = copies["time_breakdown_s"]["memory_bound"] - views["time_breakdown_s"]["memory_bound"]
@@ -166,3 +168,23 @@ def test_a_traced_model_is_planned_eagerly_by_default_and_compiled_with_kernels_
     assert fused["step_time_s"] < eager["step_time_s"]
     assert fused["memory_bytes"] == eager["memory_bytes"]
     assert any(n.startswith("compiled: ") for n in fused["notes"])
+
+
+def test_an_unmeasured_plan_is_a_typical_stacks_and_says_so(tmp_path):
+    """No measurement: kernels at calibration.TYPICAL_STACK_EFFICIENCY of a tuned recipe's rates,
+    which --stack recipe keeps whole; one device of a large batch is all kernel time (a GEMM's
+    fixed cost aside), so the step is 1 / that share longer."""
+    from tensorpilot.plan.calibration import TYPICAL_STACK_EFFICIENCY
+
+    def plan(*extra):
+        return json.loads(run_cli("plan", "--model", "mpt-1b", "--gpu", "h100-sxm", "--gpus", "1", "--seq-len",
+                                  "4096", "--global-batch", "8", "--micro-batch", "8", *extra, "--json", cwd=tmp_path,
+                                  check=True).stdout)
+
+    typical, recipe = plan(), plan("--stack", "recipe")
+    assert typical["step_time_s"] == plan("--stack", "typical")["step_time_s"]
+    assert recipe["step_time_s"] == plan("--stack-efficiency", "1")["step_time_s"]
+    assert typical["step_time_s"] * TYPICAL_STACK_EFFICIENCY == pytest.approx(recipe["step_time_s"], rel=1e-3)
+    assert any("--stack recipe" in n for n in typical["notes"])
+    bad = run_cli("plan", "--stack", "recipe", "--stack-efficiency", "0.7", cwd=tmp_path)
+    assert bad.returncode == 2 and "say the same thing" in bad.stderr and "Traceback" not in bad.stderr

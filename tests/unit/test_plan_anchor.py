@@ -302,3 +302,40 @@ def test_the_stated_blind_error_is_the_one_the_blind_passes_recorded():
     assert round(statistics.median(errors) / 100, 3) == anchor.BLIND_MEDIAN_ABS_ERROR
     assert round(sum(e <= 10 for e in errors) / len(errors), 2) == anchor.BLIND_WITHIN_10
     assert f"half were predicted within {anchor.BLIND_MEDIAN_ABS_ERROR:.0%}" in anchor.expected_error_sentence()
+
+
+def test_the_publisher_says_whether_a_row_is_a_tuned_recipe():
+    from tensorpilot.plan.validate import row_stack
+
+    recipes = ("NVIDIA/NeMo docs/source/performance/performance_summary.md", "NVIDIA-NeMo/Megatron-Bridge "
+               "docs/performance-summary.md", "NVIDIA/dgxc-benchmarking llama3.1/README.md",
+               "github mlcommons/training_results_v4.0 NVIDIA/results/dgxh100_n8/llama2_70b_lora",
+               "mosaicml/llm-foundry scripts/train/benchmarking/README.md", "Narayanan et al. SC21 Table 1",
+               "pytorch/torchtitan docs/performance.md", "AI-Hypercomputer/maxtext README.md")
+    typical = ("a user's blog post on 8 x RTX 4090", "deepspeedai/DeepSpeed blogs/deepspeed-ulysses/README.md",
+               # a user's report or work in progress in a recipe's tracker is not its published table
+               "NVIDIA/NeMo issue #8123 'training slower than the performance summary'",
+               "pytorch/torchtitan pull request #822 'Makes FSDP reshard_after_forward configurable'")
+    assert [row_stack({"source": s}) for s in recipes] == ["recipe"] * len(recipes)
+    assert [row_stack({"source": s}) for s in typical] == ["typical"] * len(typical)
+
+
+def test_a_typical_stacks_row_runs_its_kernels_at_the_typical_share():
+    """The same one-device run, published by a user and by a vendor's recipe: nothing is
+    communicated and nothing waits for the host, so the planned speed is the kernels' and the user's
+    is the typical share of the recipe's -- less a GEMM's fixed cost (calibration.GEMM_OVERHEAD_S),
+    which is the hardware's and not scaled."""
+    from tensorpilot.plan import calibration as cal
+    from tensorpilot.plan.validate import predict_row
+
+    row = dict(id="S-1", model="llama-1b", hidden="2048", layers="16", heads="32", vocab="128256", ffn_hidden="8192",
+               kv_heads="8", gpu="H100-80GB", n_gpus="1", tp="1", pp="1", dp="1", seq_len="4096", global_batch="8",
+               micro_batch="8", precision="bf16 mixed", recompute="none", sharding="none",
+               metric="tokens_per_s_per_gpu", value="10000", unit="tokens/s/GPU",
+               flops_convention="flash attention 2, fused AdamW", source="a user's blog post", split="holdout")
+    user = predict_row(row).predicted
+    vendor = predict_row(dict(row, source="NVIDIA/dgxc-benchmarking llama3.1/README.md")).predicted
+    assert cal.TYPICAL_STACK_EFFICIENCY < 1
+    assert user / vendor == pytest.approx(cal.TYPICAL_STACK_EFFICIENCY, rel=1e-3)
+    # a measured factor replaces the typical one: anchored at 1, the user's row is the vendor's
+    assert predict_row(row, stack={"stack_efficiency": 1.0}).predicted == pytest.approx(vendor, rel=1e-12)

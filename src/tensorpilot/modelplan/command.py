@@ -147,6 +147,10 @@ def _cmd_traced(args) -> int:
         from tensorpilot.modelplan.fusion import fuse
 
         trace = fuse(trace)
+    if getattr(args, "stack", None):
+        raise UsageError(f"--stack {args.stack} says how a preset or config.json model's stack compares with a tuned "
+                         "recipe; a traced model is planned from its own ops: pass --stack-efficiency X (or "
+                         "--measured-step-s S) instead.")
     stack = {"stack_efficiency": args.stack_efficiency or 1.0, "host_efficiency": args.host_efficiency or 1.0,
              "sharding": args.sharding}
     if acc is None:

@@ -13,6 +13,8 @@ DEFAULT_GPU = "h100-sxm"
 
 
 def register(sub) -> dict[str, argparse.ArgumentParser]:
+    from tensorpilot.plan.calibration import TYPICAL_STACK_EFFICIENCY   # constants only, no torch
+
     p = sub.add_parser(
         "plan", help="Predict memory, step time, cost and energy of a training run; search layouts.",
         description="Before anything runs: per-device memory (weights, grads, optimizer, activations, "
@@ -162,8 +164,14 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "kernel rates your stack reaches and plans (or --search-es) with it.")
     a.add_argument("--measured-tokens-per-s", type=float, default=None, metavar="N",
                    help="The same as a throughput: tokens a second over all devices of the measured layout.")
+    a.add_argument("--stack", default=None, choices=["typical", "recipe"],
+                   help="Without a measurement, whose stack: typical = the median published run's, kernels at "
+                        f"{TYPICAL_STACK_EFFICIENCY:g} of a tuned recipe's rates; recipe = a tuned recipe as its "
+                        "team published it (NeMo / Megatron-Bridge performance configs, MLPerf submissions, "
+                        "llm-foundry, torchtitan, MaxText) at the planner's full rates (default: typical; a traced "
+                        "model is planned from its own ops at full rates).")
     a.add_argument("--stack-efficiency", type=float, default=None, metavar="X",
-                   help="That share, as an earlier --measured-step-s printed it (default 1: a tuned stack).")
+                   help="That share, as an earlier --measured-step-s printed it (default: --stack's).")
     a.add_argument("--host-efficiency", type=float, default=None, metavar="X",
                    help="The share of the planner's op-dispatch rate your host reaches, as --measured-step-s prints "
                         "it for a step that waits for the host (eager kernels, small batches; default 1).")
@@ -235,6 +243,8 @@ def check_stack(args) -> list[str]:
                      above_low=True)
     if len(given) > 1 and given[:2] != ["stack_efficiency", "host_efficiency"]:
         raise UsageError(f"{' and '.join(map(_flag, given))} say the same thing; pass one of them.")
+    if getattr(args, "stack", None) and args.stack_efficiency is not None:
+        raise UsageError(f"--stack {args.stack} and --stack-efficiency say the same thing; pass one of them.")
     return given
 
 
@@ -254,6 +264,8 @@ def _check_options(args) -> None:
     if args.goodput is not None:
         check_number("--goodput", args.goodput, 1.0, above_low=True)
     given = check_stack(args)
+    if args.stack and args.inference:
+        raise UsageError(f"--stack {args.stack} plans training kernels and --inference does not take it: drop it.")
     if given and args.inference:
         raise UsageError(f"{_flag(given[0])} is measured on training steps and --inference does not take it: "
                          "drop it.")
@@ -313,7 +325,8 @@ def _setup(args, spec, replicas: int):
                       else cal.DEFAULT_GRID_G_PER_KWH,
                       goodput=args.goodput, offload=args.offload, doc_len=args.doc_len,
                       loss_kernel=args.loss_kernel,
-                      stack_efficiency=args.stack_efficiency or 1.0, host_efficiency=args.host_efficiency or 1.0)
+                      stack_efficiency=args.stack_efficiency or cal.stack_efficiency(args.stack or "typical"),
+                      host_efficiency=args.host_efficiency or 1.0)
 
 
 def accelerator(args, default: str = DEFAULT_GPU):
@@ -366,15 +379,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = predict(spec, acc, layout, setup)
     if anchor:
         plan.notes.insert(0, anchor)
-    elif (setup.stack_efficiency, setup.host_efficiency) == (1.0, 1.0):
+    elif args.stack_efficiency is None and args.host_efficiency is None:
         from tensorpilot.plan.anchor import expected_error_sentence
 
+        plan.notes.append(_stack_sentence(args.stack or "typical", setup.stack_efficiency))
         plan.notes.append(expected_error_sentence())
     if args.json:
         print(_json(plan.to_dict()))
     else:
         _print_plan(plan, spec, setup)
     return 0
+
+
+def _stack_sentence(stack: str, efficiency: float) -> str:
+    """Which stack an unmeasured plan is of, and the flag for the other."""
+    if stack == "recipe":
+        from tensorpilot.plan.calibration import TYPICAL_STACK_EFFICIENCY
+
+        return (f"kernels at a vendor's tuned recipe's rates (--stack recipe); other stacks run a median "
+                f"{TYPICAL_STACK_EFFICIENCY:g} of them")
+    return (f"kernels at {efficiency:g} of a tuned recipe's rates, the median published run's (--stack typical); "
+            "pass --stack recipe for a NeMo / Megatron-Bridge / MLPerf-class recipe")
 
 
 def _layout_setup(args, spec, acc, gpus: int):
@@ -509,9 +534,11 @@ def _cmd_search(args, spec, acc, gpus: int) -> int:
     con.print(f"searched {res.considered} layouts of {spec.name} on {gpus} x {acc.key} in {elapsed:.2f} s "
               f"(seq {setup.seq_len}, global batch {setup.global_batch}); {res.not_fitting} do not fit, "
               f"{res.invalid} invalid")
-    if anchor or (setup.stack_efficiency, setup.host_efficiency) != (1.0, 1.0):
+    if anchor or args.stack_efficiency is not None or args.host_efficiency is not None:
         con.print(anchor or f"at stack efficiency {setup.stack_efficiency:g}, host efficiency "
                             f"{setup.host_efficiency:g} (--stack-efficiency, --host-efficiency)")
+    else:
+        con.print(_stack_sentence(args.stack or "typical", setup.stack_efficiency))
     if not res.considered:
         con.print(f"[red]no valid layout[/]: no tp x pp x dp split of {gpus:,} devices has a data-parallel size "
                   f"that divides the global batch of {setup.global_batch:,}; pass a --global-batch that is a "

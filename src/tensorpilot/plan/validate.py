@@ -101,6 +101,14 @@ _GATED_FAMILIES = ("llama", "mistral", "qwen", "gemma", "olmo", "phi-3", "phi-4"
 # frameworks whose published recipes shard optimizer state over dp (Megatron's distributed
 # optimizer, use_distributed_optimizer=True) and turn on sequence parallelism with tp > 1
 _MEGATRON_RECIPE_SOURCES = ("nemo", "megatron-bridge")
+# publishers of a tuned recipe's performance tables (calibration.TYPICAL_STACK_EFFICIENCY): NVIDIA's
+# NeMo / Megatron-Bridge tables and DGX Cloud benchmarking recipes, Megatron-LM's papers (its
+# authors: Shoeybi, Narayanan, Korthikanti), MLPerf submissions, MosaicML's llm-foundry, PyTorch's
+# torchtitan and Google's MaxText docs -- not a pull request, issue or discussion in their trackers,
+# which measure work in progress or a user's setup
+_RECIPE_SOURCES = ("nemo", "megatron-bridge", "dgxc-benchmarking", "mlcommons", "mlperf", "llm-foundry", "mosaicml",
+                   "shoeybi", "narayanan", "korthikanti", "pytorch/torchtitan", "maxtext")
+_TRACKER = re.compile(r"\bissues?\b|\bdiscussions?\b|\bpull request|\bpr #?\d")
 # PyTorch-native frameworks whose published runs execute the model eagerly unless their notes
 # say torch.compile (TrainSetup.kernels): each elementwise op its own kernel. Megatron, NeMo,
 # DeepSpeed-Megatron, JAX/XLA and hand-fused CUDA code (llm.c, flash-attention's training
@@ -455,7 +463,8 @@ def _layout_setup(row, spec: ModelSpec, part_year: int | None = None):
                        optimizer=_optimizer(row), optimizer_impl=_optimizer_impl(row),
                        attention=_attention(row, part_year),
                        tokens=tokens if tokens and tokens > 0 else None, goodput=_goodput(row),
-                       offload=_offload(row, sharding), loss_kernel=_loss_kernel(row))
+                       offload=_offload(row, sharding), loss_kernel=_loss_kernel(row),
+                       stack_efficiency=cal.stack_efficiency(row_stack(row)))
     return layout, setup
 
 
@@ -656,6 +665,14 @@ def _source_names(row, names) -> bool:
     source = _text(row, "source").lower()
     notes = _text(row, "flops_convention").lower()
     return any(k in source or (k in _RAN_WHEN_NAMED and re.search(rf"\b{k}\b", notes)) for k in names)
+
+
+def row_stack(row) -> str:
+    """The kind of stack that ran the row (calibration.STACKS): "recipe" where its source is a
+    vendor's published tuned recipe (_RECIPE_SOURCES), "typical" otherwise."""
+    source = _text(row, "source").lower()
+    recipe = any(k in source for k in _RECIPE_SOURCES) and not _TRACKER.search(source)
+    return "recipe" if recipe else "typical"
 
 
 def _switch(row, pattern: str) -> bool | None:
@@ -1084,7 +1101,7 @@ def _predict(row, result: RowResult, stack: dict[str, float]) -> float | None:
     gpu = _required(_text(row, "gpu") or None, "the row names no accelerator (column 'gpu')")
     acc = catalog.get(GPU_NAMES.get(gpu.lower(), gpu))
     layout, setup = _layout_setup(row, spec, acc.year)
-    setup = replace(setup, **stack)
+    setup = replace(setup, **stack)     # a measured factor (anchored) for the one its kind of stack set
     node = _node_gpus(row)
     if node and acc.link_domain_gpus is None and node != cal.GPUS_PER_NODE:
         acc = catalog.variant(acc, gpus_per_node=node)
@@ -1185,8 +1202,7 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult],
         """The anchor row's solved factor (None: its plan has no speed to scale), once each."""
         if n0 not in solved:
             def speed_at(part: str, e: float) -> float:
-                # at 1 the row's own unanchored prediction, already made
-                predicted = r0.predicted if e == 1.0 else predict_row(row0, n0, {part: e}).predicted
+                predicted = predict_row(row0, n0, {part: e}).predicted
                 return _speed(r0.metric, predicted) if predicted else 0.0
 
             try:
