@@ -1,8 +1,9 @@
 """The typical stack's share of a tuned recipe's rates (calibration.TYPICAL_STACK_EFFICIENCY), measured.
 
-The planner's rates reproduce a vendor's tuned recipe: published runs whose source is such a recipe
-(validate.row_stack "recipe": NeMo / Megatron-Bridge tables, DGX Cloud benchmarking, Megatron-LM's
-papers, MLPerf, llm-foundry) centre on it. Every other stack runs slower. This script takes the
+The planner's rates reproduce a tuned recipe: published runs from the performance tables of the
+teams that tuned them (validate.row_stack "recipe": NeMo / Megatron-Bridge tables, DGX Cloud
+benchmarking, Megatron-LM's papers, MLPerf, llm-foundry, torchtitan's and MaxText's docs) centre on
+them. Every other stack runs slower. This script takes the
 speed rows (throughput, TFLOP/s, MFU, step time, totals) outside the reference split and prints:
 
 1. by kind of stack, the median signed error on speed (a step time planned 10% long is a speed

@@ -669,7 +669,8 @@ def _source_names(row, names) -> bool:
 
 def row_stack(row) -> str:
     """The kind of stack that ran the row (calibration.STACKS): "recipe" where its source is a
-    vendor's published tuned recipe (_RECIPE_SOURCES), "typical" otherwise."""
+    tuned recipe's performance table as its team published it (_RECIPE_SOURCES, not a tracker
+    thread), "typical" otherwise."""
     source = _text(row, "source").lower()
     recipe = any(k in source for k in _RECIPE_SOURCES) and not _TRACKER.search(source)
     return "recipe" if recipe else "typical"
