@@ -14,6 +14,10 @@ speed rows (throughput, TFLOP/s, MFU, step time, totals) outside the reference s
    and on the early passes alone, and what each does to the late passes' median |error|.
 
     python benchmarks/stack_prior.py [tests/unit/data/published_runs.csv] [--hardware-file FILE.toml] [--cut 55]
+    python benchmarks/stack_prior.py --group 'maxtext' --group 'deepspeed.*blogs'     # 1. and groups only
+
+``--group REGEX`` (repeatable) also prints the median speed error at full rates of the rows whose
+source column matches REGEX (lower-case), tracker threads (issues, pull requests) apart, and skips 2.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from tensorpilot.hardware import catalog
 from tensorpilot.plan import calibration as cal
-from tensorpilot.plan.validate import SLOW_METRICS, load_rows, predict_row, row_stack
+from tensorpilot.plan.validate import _TRACKER, _speed, load_rows, predict_row, row_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEED_KINDS = ("throughput", "step_time", "totals")
@@ -39,8 +43,7 @@ def pass_number(split: str) -> int | None:
 
 def log_speed_error(result) -> float:
     """log(planned speed / published speed) of a predicted row."""
-    ratio = result.predicted / result.published
-    return -math.log(ratio) if result.metric in SLOW_METRICS else math.log(ratio)
+    return math.log(_speed(result.metric, result.predicted) / _speed(result.metric, result.published))
 
 
 def errors_at(rows, efficiency: float) -> list[float]:
@@ -86,6 +89,8 @@ def main() -> None:
     ap.add_argument("csv", nargs="?", default=str(ROOT / "tests/unit/data/published_runs.csv"))
     ap.add_argument("--hardware-file", default=str(ROOT / "tests/unit/data/published_runs_hardware.toml"))
     ap.add_argument("--cut", type=int, default=55, help="first holdout pass counted as late (default 55)")
+    ap.add_argument("--group", action="append", default=[], metavar="REGEX",
+                    help="also print the rows whose source matches REGEX, and skip the fit")
     args = ap.parse_args()
     catalog.load_hardware_file(args.hardware_file)
     rows = [r for r in load_rows(args.csv) if r.get("split", "") != "reference"]
@@ -101,6 +106,15 @@ def main() -> None:
         print(f"  {kind:8s} {len(mine):6,d} rows of {sources:5,d} sources: median speed error at full rates "
               f"{pct(statistics.median(e for _, e in mine))} (early {pct(statistics.median(early))}, "
               f"{len(early):,}; late {pct(statistics.median(late))}, {len(late):,})")
+    for pattern in args.group:
+        for label, tracker in (("published", False), ("tracker threads", True)):
+            errs = [e for r, e in speed if re.search(pattern, r.get("source", "").lower())
+                    and bool(_TRACKER.search(r.get("source", "").lower())) == tracker]
+            if errs:
+                print(f"  /{pattern}/ {label}: {len(errs):,} rows, median speed error at full rates "
+                      f"{pct(statistics.median(errs))}")
+    if args.group:
+        return
     typical = [r for r, _ in speed if kinds[id(r)] == "typical"]
     early_rows = [r for r in typical if (pass_number(r.get("split", "")) or 0) < args.cut]
     late_rows = [r for r in typical if (pass_number(r.get("split", "")) or 0) >= args.cut]

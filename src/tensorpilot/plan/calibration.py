@@ -233,7 +233,7 @@ EAGER_OPS_OUTSIDE_BLOCKS = 65
 # the teams that tuned them -- NVIDIA's NeMo / Megatron-Bridge tables, DGX Cloud benchmarking
 # recipes and Megatron-LM's papers, MLPerf submissions, MosaicML's llm-foundry, torchtitan's and
 # MaxText's docs (validate.row_stack) -- centre on them: median speed error +0.0% over 2,183 speed
-# rows outside the reference split. Every other stack (users' and labs' runs of the same frameworks,
+# rows outside the reference split (the 10,418-row file at a9a3a95). Every other stack (users' and labs' runs of the same frameworks,
 # DeepSpeed, Hugging Face, their own code; the recipes' pull requests and issue threads) runs slower
 # than planned: +12.5% over 6,308 rows of 2,269 sources, +11.4% in the passes collected before
 # holdout55 and +16.6% after. A plan that knows no more of its stack (no measured step: plan.anchor)

@@ -13,7 +13,7 @@ DEFAULT_GPU = "h100-sxm"
 
 
 def register(sub) -> dict[str, argparse.ArgumentParser]:
-    from tensorpilot.plan.calibration import TYPICAL_STACK_EFFICIENCY   # constants only, no torch
+    from tensorpilot.plan.calibration import STACKS, TYPICAL_STACK_EFFICIENCY   # constants only, no torch
 
     p = sub.add_parser(
         "plan", help="Predict memory, step time, cost and energy of a training run; search layouts.",
@@ -164,7 +164,7 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "kernel rates your stack reaches and plans (or --search-es) with it.")
     a.add_argument("--measured-tokens-per-s", type=float, default=None, metavar="N",
                    help="The same as a throughput: tokens a second over all devices of the measured layout.")
-    a.add_argument("--stack", default=None, choices=["typical", "recipe"],
+    a.add_argument("--stack", default=None, choices=STACKS,
                    help="Without a measurement, whose stack: typical = the median published run's, kernels at "
                         f"{TYPICAL_STACK_EFFICIENCY:g} of a tuned recipe's rates; recipe = a tuned recipe as its "
                         "team published it (NeMo / Megatron-Bridge performance configs, MLPerf submissions, "

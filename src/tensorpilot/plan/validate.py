@@ -671,8 +671,7 @@ def row_stack(row) -> str:
     """The kind of stack that ran the row (calibration.STACKS): "recipe" where its source is a
     tuned recipe's performance table as its team published it (_RECIPE_SOURCES, not a tracker
     thread), "typical" otherwise."""
-    source = _text(row, "source").lower()
-    recipe = any(k in source for k in _RECIPE_SOURCES) and not _TRACKER.search(source)
+    recipe = _source_names(row, _RECIPE_SOURCES) and not _TRACKER.search(_text(row, "source").lower())
     return "recipe" if recipe else "typical"
 
 
@@ -1203,7 +1202,9 @@ def anchored(rows: list[dict[str, str]], results: list[RowResult],
         """The anchor row's solved factor (None: its plan has no speed to scale), once each."""
         if n0 not in solved:
             def speed_at(part: str, e: float) -> float:
-                predicted = predict_row(row0, n0, {part: e}).predicted
+                # at the row's own unmeasured factor, its prediction already made
+                unmeasured = {"stack_efficiency": cal.stack_efficiency(row_stack(row0)), "host_efficiency": 1.0}
+                predicted = r0.predicted if e == unmeasured[part] else predict_row(row0, n0, {part: e}).predicted
                 return _speed(r0.metric, predicted) if predicted else 0.0
 
             try:
