@@ -233,6 +233,111 @@ def _measure_run(model: str, mb: int, seq: int, precision: str, dev, small: bool
     return {"step_s": t, "peak_bytes": peak, "tokens_per_s": mb * seq / t}
 
 
+# -------------------------------------------------------------------------------- diagnose
+def diagnose(out: Path) -> None:
+    """Where a run's time goes: each SDPA backend on its own (causal, 4 x 4096 tokens, 16 heads of
+    128), GPT-2 with and without its default dropout, and the top CUDA-time ops of one profiled step
+    of GPT-2 b8 and Llama-3.2-1B b4 (torch.profiler)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sdpa": {}, "runs": {}, "profiles": {}}
+    F = torch.nn.functional
+    q, k, v = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    g = torch.randn_like(q)
+    flops = 2 * 2 * 4 * 16 * 4096 * 4096 / 2 * 128 * 3.5
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        try:
+            with sdpa_kernel(getattr(SDPBackend, name)):
+                t = _time_cuda(lambda: torch.autograd.backward(F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True), g), 5)
+            res["sdpa"][name] = flops / t
+        except Exception as e:
+            res["sdpa"][name] = f"{type(e).__name__}: {e}"[:200]
+    print("sdpa", res["sdpa"], flush=True)
+    for model, mb, seq, extra in (("gpt2", 8, 1024, {}), ("gpt2", 8, 1024, {"resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                                                                          "attn_pdrop": 0.0})):
+        CONFIGS["_x"] = dict(CONFIGS[model], **extra)
+        key = f"{model} b{mb} s{seq} " + ("no dropout" if extra else "default")
+        res["runs"][key] = _measure_run("_x", mb, seq, "bf16-amp", torch.device("cuda"), False)
+        print(key, res["runs"][key], flush=True)
+    for model, mb, seq in (("gpt2", 8, 1024), ("llama-3.2-1b", 4, 2048)):
+        res["profiles"][model] = _profile_run(model, mb, seq)
+        print(model, "\n" + res["profiles"][model], flush=True)
+    out.write_text(json.dumps(res, indent=1))
+
+
+def _profile_run(model: str, mb: int, seq: int) -> str:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(CONFIGS[model])
+    kind = cfg.pop("model_type")
+    cfg.pop("architectures")
+    with torch.device("cuda"):
+        net = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **cfg), attn_implementation="sdpa")
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=True)
+    ids = torch.randint(0, cfg.get("vocab_size", 50257), (mb, seq), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = net(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
+                                            torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60)
+    del net, opt
+    torch.cuda.empty_cache()
+    return table
+
+
+# ----------------------------------------------------------------------------------- align
+def align(out: Path) -> None:
+    """A 16-bit GEMM with a dimension that is not a multiple of 8 elements (16 bytes: GPT-2's
+    vocabulary of 50,257) against the same GEMM padded (50,304): the LM head's forward (tokens x
+    hidden) @ (hidden x vocab) and its two backward GEMMs, at 8 x 1024 tokens and GPT-2's 768 /
+    GPT-2 XL's 1600 hidden; then GPT-2 b8's whole step at both vocabularies. Also small GEMMs run
+    20 back to back between one pair of events, against one alone (what an event pair adds)."""
+    import torch
+
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "gemm_s": {}, "runs": {},
+           "back_to_back": {}}
+    bf = torch.bfloat16
+    for h in (768, 1600):
+        for v in (50257, 50304):
+            x = torch.randn(8192, h, device="cuda", dtype=bf)
+            w = torch.randn(v, h, device="cuda", dtype=bf)          # nn.Linear's (out, in) weight
+            dy = torch.randn(8192, v, device="cuda", dtype=bf)
+            res["gemm_s"][f"h{h} v{v} forward"] = _time_cuda(lambda: x @ w.t(), 10)
+            res["gemm_s"][f"h{h} v{v} input grad"] = _time_cuda(lambda: dy @ w, 10)
+            res["gemm_s"][f"h{h} v{v} weight grad"] = _time_cuda(lambda: dy.t() @ x, 10)
+    print(res["gemm_s"], flush=True)
+    for m, k, n in ((2048, 1024, 1024), (2048, 1024, 4096), (16384, 256, 1024), (16384, 1024, 1024)):
+        a = torch.randn(m, k, device="cuda", dtype=bf)
+        b = torch.randn(k, n, device="cuda", dtype=bf)
+
+        def twenty():
+            for _ in range(20):
+                a @ b
+        res["back_to_back"][f"{m}x{k}x{n}"] = {"one_s": _time_cuda(lambda: a @ b, 20),
+                                               "per_gemm_of_20_s": _time_cuda(twenty, 10) / 20}
+    print(res["back_to_back"], flush=True)
+    for v in (50257, 50304):
+        CONFIGS["_x"] = dict(CONFIGS["gpt2"], vocab_size=v)
+        res["runs"][f"gpt2 b8 s1024 vocab {v}"] = _measure_run("_x", 8, 1024, "bf16-amp", torch.device("cuda"), False)
+    print(res["runs"], flush=True)
+    out.write_text(json.dumps(res, indent=1))
+
+
 # ---------------------------------------------------------------------------------- report
 def report(planned: dict, measured: dict) -> None:
     sus = planned["sustained"]
@@ -277,6 +382,10 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--deadline-s", type=float, default=240, help="start no model run after this many seconds")
     m.add_argument("--no-models", action="store_true")
+    dg = sub.add_parser("diagnose")
+    dg.add_argument("--out", type=Path, required=True)
+    al = sub.add_parser("align")
+    al.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("report")
     r.add_argument("planned", type=Path)
     r.add_argument("measured", type=Path)
@@ -285,6 +394,10 @@ def main(argv: list[str] | None = None) -> None:
         plan(a.gpu, a.out)
     elif a.cmd == "measure":
         measure(a.out, a.deadline_s, not a.no_models)
+    elif a.cmd == "align":
+        align(a.out)
+    elif a.cmd == "diagnose":
+        diagnose(a.out)
     else:
         report(json.loads(a.planned.read_text()), json.loads(a.measured.read_text()))
 

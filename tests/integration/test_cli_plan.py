@@ -188,3 +188,20 @@ def test_an_unmeasured_plan_is_a_typical_stacks_and_says_so(tmp_path):
     assert any("--stack recipe" in n for n in typical["notes"])
     bad = run_cli("plan", "--stack", "recipe", "--stack-efficiency", "0.7", cwd=tmp_path)
     assert bad.returncode == 2 and "say the same thing" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_an_odd_vocabulary_is_named_with_the_flag_that_pads_it(tmp_path):
+    """GPT-2's 50,257-column output layer on an H100: the plan says its GEMMs run unaligned and
+    names --vocab-multiple, which, pasted, plans the padded layer faster; a bad multiple is one
+    sentence."""
+    def plan(*extra):
+        return json.loads(run_cli("plan", "--model", "gpt2", "--gpu", "h100-sxm", "--gpus", "1", "--seq-len", "1024",
+                                  "--global-batch", "8", "--micro-batch", "8", *extra, "--json", cwd=tmp_path,
+                                  check=True).stdout)
+
+    odd = plan()
+    note = next(n for n in odd["notes"] if "not a multiple of 8" in n)
+    padded = plan(*note.split("(")[-1].split(" plans")[0].split())
+    assert padded["step_time_s"] < odd["step_time_s"] and not any("multiple of 8" in n for n in padded["notes"])
+    bad = run_cli("plan", "--vocab-multiple", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and "vocab_multiple" in bad.stderr and "Traceback" not in bad.stderr

@@ -127,6 +127,35 @@ GEMM_HALF_DEPTH_PER_BALANCE = 0.5
 # 1.02): K_half fits 240 bf16 (median |error| 8%; 0.5 x balance, 141, was +15% fast) and ~450
 # e4m3 (14%; 281 was +16% fast), 0.85 and 0.8 of B200's balance: 0.85. GB200: ASSUMED as B200.
 GEMM_HALF_DEPTH_PER_BALANCE_BY_PART: dict[str, float] = {"b200": 0.85, "gb200": 0.85}
+# A 16-bit GEMM with a dimension that is not a multiple of 8 elements (16 bytes) cannot take the
+# tensor-core kernels' 16-byte vector loads (Ampere) or TMA copies (Hopper): cuBLAS runs it on older,
+# slower kernels. A language model's output layer meets this wherever its vocabulary is not a
+# multiple of 8 (GPT-2's 50,257, RoBERTa's 50,265, BERT's 30,522) and the stack does not pad it
+# (TrainSetup.vocab_multiple). Its three GEMMs then run at this share of the aligned rate:
+# - Hopper: measured on an H200 (torch 2.11, CUDA 13's cuBLAS; `python benchmarks/gpu_rates.py
+#   align`, benchmarks/results/gpu_h200_20261128_lease5/align.json): 8,192 tokens at hidden 768 /
+#   1600, vocabulary 50,257 against 50,304: forward 7.5 / 8.0x, input gradient 5.6 / 5.4x, weight
+#   gradient 5.4 / 5.2x slower, the three 6.2x together: 0.16 (the forward ran a Turing-era
+#   cutlass sm75 kernel). Hugging Face GPT-2's whole step (8 x 1024 tokens) went 59.2 -> 48.3 ms.
+# - Ampere: "padding these matmuls achieves nearly a 3x speedup" on an A100 SXM4 80GB (PyTorch blog,
+#   "Accelerating Large Language Models with Accelerated Transformers", 2023-04-18: nanoGPT's step
+#   113 -> 87 ms): 0.35. Ada's tensor cores run Ampere's kernels: ASSUMED the same.
+# Other parts are left at the aligned rate, unmeasured (Volta's cuBLAS before 11.0 skipped the
+# tensor cores altogether; XLA pads a GEMM's dimensions itself).
+_HOPPER = ("h100-sxm", "h100-pcie", "h100-nvl", "h200-sxm", "h20")
+_AMPERE_ADA = ("a100-sxm4-40gb", "a100-sxm4-80gb", "a100-pcie-80gb", "a100-pcie-40gb", "a10", "a30", "rtx-a6000",
+               "rtx-a5000", "rtx-3090", "rtx-3090-ti", "rtx-3080-ti", "rtx-3080-ti-laptop",
+               "l4", "l40", "l40s", "rtx-4090", "rtx-6000-ada")
+MISALIGNED_GEMM_SPEED: dict[str, float] = {**dict.fromkeys(_HOPPER, 0.16), **dict.fromkeys(_AMPERE_ADA, 0.35)}
+GEMM_ALIGN_BYTES = 16
+
+
+def misaligned_gemm_speed(catalog_key: str | None, dim: int, elem_bytes: float) -> float:
+    """Share of the aligned rate at which a GEMM with a ``dim`` of ``elem_bytes`` elements runs on
+    the part (1 where the dimension is aligned, the GEMM is not 16-bit, or the part is unmeasured)."""
+    if elem_bytes != 2 or dim * elem_bytes % GEMM_ALIGN_BYTES == 0:
+        return 1.0
+    return MISALIGNED_GEMM_SPEED.get(catalog_key or "", 1.0)
 
 # Fused attention (FlashAttention-2 class, causal, head_dim 128), forward + backward, as a fraction
 # of the dense datasheet peak: A100 50-73% (Dao 2023, FlashAttention-2, section 4.1) -> 0.60;

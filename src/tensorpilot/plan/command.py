@@ -149,6 +149,10 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
                         "chunked output loss: fp32 one chunk at a time); fused (Liger-Kernel's fused linear "
                         "cross-entropy, Cut Cross-Entropy: never whole); compiled (under torch.compile with the "
                         "model: no fp32 copy, a third of the traffic). Default: whole.")
+    t.add_argument("--vocab-multiple", type=int, default=1, metavar="N",
+                   help="The output layer's vocabulary padded to a multiple of N (Megatron's "
+                        "--make-vocab-size-divisible-by 128, nanoGPT's 50,304): a 16-bit GEMM whose width is not a "
+                        "multiple of 8 runs cuBLAS's slower kernels on NVIDIA parts (default: 1, unpadded).")
     t.add_argument("--fp8-recipe", default="te", choices=["te", "torchao"],
                    help="With --precision fp8, whose GEMMs: te = Transformer Engine (cuBLASLt, 0.81 of the fp8 "
                         "peak on H100/H200), torchao = torchao float8 training via torch._scaled_mm (0.59) "
@@ -324,7 +328,7 @@ def _setup(args, spec, replicas: int):
                       grid_g_per_kwh=args.grid_intensity if args.grid_intensity is not None
                       else cal.DEFAULT_GRID_G_PER_KWH,
                       goodput=args.goodput, offload=args.offload, doc_len=args.doc_len,
-                      loss_kernel=args.loss_kernel,
+                      loss_kernel=args.loss_kernel, vocab_multiple=args.vocab_multiple,
                       stack_efficiency=args.stack_efficiency or cal.stack_efficiency(args.stack or "typical"),
                       host_efficiency=args.host_efficiency or 1.0)
 

@@ -25,7 +25,7 @@ from tensorpilot.plan import timing as tm
 from tensorpilot.plan.flops import (RECOMPUTE_MODES, hardware_flops, layer_gemms, op_recomputed_gemm_flops,
                                     train_flops)
 from tensorpilot.layout import SCHEDULES, SHARDINGS, Layout
-from tensorpilot.plan.limits import (MAX_DEVICES, MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_SEQ_LEN,
+from tensorpilot.plan.limits import (MAX_DEVICES, MAX_DIM, MAX_GRID_G_PER_KWH, MAX_PRICE_PER_HOUR, MAX_SEQ_LEN,
                                      MAX_SEQUENCES, MAX_STACK_EFFICIENCY, MAX_TOKENS, check_count, check_number)
 from tensorpilot.plan.models import ModelSpec
 
@@ -91,6 +91,7 @@ class TrainSetup:
     doc_len: int | None = None            # tokens a packed document has, under a document mask; None: one a sequence
     loss_kernel: str = "whole"            # language-model loss: whole | chunked | fused | compiled (memory.LOSS_KERNELS)
     stack_efficiency: float = 1.0         # share of the planner's kernel rates the user's stack reaches (plan.anchor)
+    vocab_multiple: int = 1               # the output layer padded to a multiple of this (Megatron: 128 a TP rank)
     host_efficiency: float = 1.0          # share of the planner's op-dispatch rate its host reaches (eager; plan.anchor)
 
     def __post_init__(self) -> None:
@@ -123,6 +124,7 @@ class TrainSetup:
             check_count("doc_len", self.doc_len, MAX_SEQ_LEN)
         check_number("stack_efficiency", self.stack_efficiency, MAX_STACK_EFFICIENCY, above_low=True)
         check_number("host_efficiency", self.host_efficiency, MAX_STACK_EFFICIENCY, above_low=True)
+        check_count("vocab_multiple", self.vocab_multiple, MAX_DIM)
 
     def goodput_on(self, n_devices: int) -> float:
         """The stated goodput, or the one interruptions leave on ``n_devices`` (calibration.goodput)."""
@@ -525,17 +527,21 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
         kv_bytes = 2 * tokens_micro * spec.kv_dim / min(lo.tp, spec.n_kv_heads) * e     # K and V
         ring = (lo.cp - 1) * (alpha + kv_bytes / bw)
         cp_comm_s = max(0.0, ring - lt.attention_fwd_s) + max(0.0, 2 * ring - lt.attention_bwd_s)
-    head_s = 0.0
+    head_s, head_speed = 0.0, 1.0
     if spec.lm_head:
         # output GEMM (fwd + 2 bwd) + the loss's traffic over the logits: in fp32, ~6 passes of 4
         # bytes (cast, log-softmax, its gradient, the cast back); compiled with the model, a
         # forward reduction reading the logits twice (max, then the sum of exponentials) and a
         # backward reading them and writing their gradient, in the activation dtype: 4e
-        vocab = math.ceil(spec.vocab / lo.tp)
+        # (a tensor-parallel rank's share of the vocabulary, padded to the stack's multiple; one that
+        # is not 16-byte aligned runs cuBLAS's slower kernels: calibration.MISALIGNED_GEMM_SPEED)
+        vocab = math.ceil(spec.vocab / (lo.tp * s.vocab_multiple)) * s.vocab_multiple
         loss_bytes = 4 * e if s.loss_kernel == "compiled" else 24
-        head_s = tm.gemm_time_s(tokens_micro, spec.hidden, vocab, head_rates, e) \
-            + tm.backward_gemms_time_s(tokens_micro, spec.hidden, vocab, head_rates, e) \
-            + tokens_micro * spec.vocab / lo.tp * loss_bytes / rates.mem_bytes_per_s
+        head_speed = cal.misaligned_gemm_speed(cal.calibration_key(acc), vocab, e)
+        gemm_rates = replace(head_rates, matmul_flops_per_s=head_rates.matmul_flops_per_s * head_speed)
+        head_s = tm.gemm_time_s(tokens_micro, spec.hidden, vocab, gemm_rates, e) \
+            + tm.backward_gemms_time_s(tokens_micro, spec.hidden, vocab, gemm_rates, e) \
+            + tokens_micro * vocab * loss_bytes / rates.mem_bytes_per_s
         if s.kernels == "eager":
             head_s += tm.eager_outside_kernels() * cal.KERNEL_FLOOR_S
     # fp8 scaling: every GEMM input is cast to fp8 with its amax (read e, write 1 byte) in forward,
@@ -724,6 +730,10 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
             plan.co2_kg = plan.energy_kwh * s.grid_g_per_kwh / 1000
     if price is None:
         plan.notes.append(f"no catalog price for {acc.key}: pass --price-per-hour for a cost.")
+    if head_speed < 1:
+        plan.notes.append(f"the output layer's {vocab:,} vocabulary columns are not a multiple of 8: its GEMMs run "
+                          f"cuBLAS's unaligned kernels, planned at {head_speed:.2f} of the aligned rate on {acc.key} "
+                          "(calibration.MISALIGNED_GEMM_SPEED); pad the vocabulary (--vocab-multiple 64 plans it so).")
     return plan
 
 

@@ -109,6 +109,15 @@ _MEGATRON_RECIPE_SOURCES = ("nemo", "megatron-bridge")
 _RECIPE_SOURCES = ("nemo", "megatron-bridge", "dgxc-benchmarking", "mlcommons", "mlperf", "llm-foundry", "mosaicml",
                    "shoeybi", "narayanan", "korthikanti", "pytorch/torchtitan", "maxtext")
 _TRACKER = re.compile(r"\bissues?\b|\bdiscussions?\b|\bpull request|\bpr #?\d")
+# software that pads the output layer's vocabulary whatever the model's config says
+# (TrainSetup.vocab_multiple): Megatron-LM and what runs it (NeMo, Megatron-Bridge, Megatron-DeepSpeed,
+# GPT-NeoX: --make-vocab-size-divisible-by, 128 a tensor-parallel rank), llm.c (padded_vocab_size:
+# 50,304 for GPT-2), nanoGPT and its descendants trained from scratch (50,304), MosaicML's
+# llm-foundry (50,368), fairseq (its dictionary pads to a multiple of 8), XLA under JAX and
+# TensorFlow (its GPU compiler pads a 16-bit GEMM's dimensions to multiples of 8:
+# cublas_pad_for_gemms) and NVIDIA's BERT (DeepLearningExamples: 30,528)
+_PADS_VOCAB = re.compile(r"megatron|\bnemo\b|neox|llm\.c\b|nanogpt|llm-foundry|mosaicml/examples|fairseq|\bjax\b|"
+                         r"maxtext|t5x|paxml|praxis|levanter|tensorflow|\bxla\b|deeplearningexamples")
 # PyTorch-native frameworks whose published runs execute the model eagerly unless their notes
 # say torch.compile (TrainSetup.kernels): each elementwise op its own kernel. Megatron, NeMo,
 # DeepSpeed-Megatron, JAX/XLA and hand-fused CUDA code (llm.c, flash-attention's training
@@ -464,7 +473,8 @@ def _layout_setup(row, spec: ModelSpec, part_year: int | None = None):
                        attention=_attention(row, part_year),
                        tokens=tokens if tokens and tokens > 0 else None, goodput=_goodput(row),
                        offload=_offload(row, sharding), loss_kernel=_loss_kernel(row),
-                       stack_efficiency=cal.stack_efficiency(row_stack(row)))
+                       stack_efficiency=cal.stack_efficiency(row_stack(row)),
+                       vocab_multiple=128 if _PADS_VOCAB.search(f"{_text(row, 'source')} {conv}".lower()) else 1)
     return layout, setup
 
 
