@@ -181,22 +181,23 @@ def measure(out: Path, deadline_s: float, models: bool) -> None:
             if time.time() - t0 > deadline_s:
                 print(f"deadline: {run_key(model, mb, seq, precision)} and later skipped", flush=True)
                 break
+            key = run_key(model, mb, seq, precision)
             try:
-                res["runs"][run_key(model, mb, seq, precision)] = _measure_run(model, mb, seq, precision, dev, small)
+                res["runs"][key] = _measure_run(CONFIGS[model], mb, seq, precision, dev, small)
             except Exception as e:            # an OOM or a missing transformers: recorded, the others run
-                res["runs"][run_key(model, mb, seq, precision)] = {"error": f"{type(e).__name__}: {e}"[:300]}
-            print(run_key(model, mb, seq, precision), res["runs"][run_key(model, mb, seq, precision)], flush=True)
+                res["runs"][key] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            print(key, res["runs"][key], flush=True)
             save()
     save()
 
 
-def _measure_run(model: str, mb: int, seq: int, precision: str, dev, small: bool) -> dict:
+def _measure_run(config: dict, mb: int, seq: int, precision: str, dev, small: bool) -> dict:
     """One model trained as a user's loop does: SDPA attention, loss inside the model, fused AdamW,
     bf16 autocast over fp32 weights ("bf16-amp") or bf16 weights ("bf16-pure"); median step of 10."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = dict(CONFIGS[model])
+    cfg = dict(config)
     if small:
         cfg.update({k: 2 for k in ("n_layer", "num_hidden_layers")})
         mb, seq = 1, 64
@@ -258,9 +259,8 @@ def diagnose(out: Path) -> None:
     print("sdpa", res["sdpa"], flush=True)
     for model, mb, seq, extra in (("gpt2", 8, 1024, {}), ("gpt2", 8, 1024, {"resid_pdrop": 0.0, "embd_pdrop": 0.0,
                                                                           "attn_pdrop": 0.0})):
-        CONFIGS["_x"] = dict(CONFIGS[model], **extra)
         key = f"{model} b{mb} s{seq} " + ("no dropout" if extra else "default")
-        res["runs"][key] = _measure_run("_x", mb, seq, "bf16-amp", torch.device("cuda"), False)
+        res["runs"][key] = _measure_run(dict(CONFIGS[model], **extra), mb, seq, "bf16-amp", torch.device("cuda"), False)
         print(key, res["runs"][key], flush=True)
     for model, mb, seq in (("gpt2", 8, 1024), ("llama-3.2-1b", 4, 2048)):
         res["profiles"][model] = _profile_run(model, mb, seq)
@@ -332,8 +332,8 @@ def align(out: Path) -> None:
                                                "per_gemm_of_20_s": _time_cuda(twenty, 10) / 20}
     print(res["back_to_back"], flush=True)
     for v in (50257, 50304):
-        CONFIGS["_x"] = dict(CONFIGS["gpt2"], vocab_size=v)
-        res["runs"][f"gpt2 b8 s1024 vocab {v}"] = _measure_run("_x", 8, 1024, "bf16-amp", torch.device("cuda"), False)
+        res["runs"][f"gpt2 b8 s1024 vocab {v}"] = _measure_run(dict(CONFIGS["gpt2"], vocab_size=v), 8, 1024, "bf16-amp",
+                                                               torch.device("cuda"), False)
     print(res["runs"], flush=True)
     out.write_text(json.dumps(res, indent=1))
 
@@ -367,7 +367,8 @@ def report(planned: dict, measured: dict) -> None:
         p = planned["runs"][key]
         ty, re_ = p["typical"], p["recipe"]
         print(f"| {key} | {m['step_s'] * 1e3:.1f} ms | {ty['step_s'] * 1e3:.1f} | "
-              f"{ty['step_s'] / m['step_s'] - 1:+.0%} | {re_['step_s'] * 1e3:.1f} | {re_['step_s'] / m['step_s'] - 1:+.0%} | "
+              f"{ty['step_s'] / m['step_s'] - 1:+.0%} | {re_['step_s'] * 1e3:.1f} | "
+              f"{re_['step_s'] / m['step_s'] - 1:+.0%} | "
               f"{m['peak_bytes'] / 2**30:.1f} GiB | {ty['peak_bytes'] / 2**30:.1f} | "
               f"{ty['peak_bytes'] / m['peak_bytes'] - 1:+.0%} |")
 

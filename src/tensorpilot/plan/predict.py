@@ -731,9 +731,10 @@ def predict(spec: ModelSpec, acc: Accelerator, layout: Layout, setup: TrainSetup
     if price is None:
         plan.notes.append(f"no catalog price for {acc.key}: pass --price-per-hour for a cost.")
     if head_speed < 1:
-        plan.notes.append(f"the output layer's {vocab:,} vocabulary columns are not a multiple of 8: its GEMMs run "
-                          f"cuBLAS's unaligned kernels, planned at {head_speed:.2f} of the aligned rate on {acc.key} "
-                          "(calibration.MISALIGNED_GEMM_SPEED); pad the vocabulary (--vocab-multiple 64 plans it so).")
+        plan.notes.append(f"the output layer's {vocab:,} vocabulary columns a device holds are not a multiple "
+                          f"of 8: its GEMMs run cuBLAS's unaligned kernels, planned at {head_speed:.2f} of the aligned "
+                          f"rate on {acc.key} (calibration.MISALIGNED_GEMM_SPEED); pad the vocabulary "
+                          "(--vocab-multiple 64 plans it so).")
     return plan
 
 
