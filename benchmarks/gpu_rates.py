@@ -191,28 +191,26 @@ def measure(out: Path, deadline_s: float, models: bool) -> None:
     save()
 
 
-def _measure_run(config: dict, mb: int, seq: int, precision: str, dev, small: bool) -> dict:
-    """One model trained as a user's loop does: SDPA attention, loss inside the model, fused AdamW,
-    bf16 autocast over fp32 weights ("bf16-amp") or bf16 weights ("bf16-pure"); median step of 10."""
+def _training_step(config: dict, mb: int, seq: int, precision: str, dev):
+    """A model built from ``config`` (random weights) and one training step of it as a user's loop
+    runs it: SDPA attention, the loss inside the model, fused AdamW on a GPU, bf16 autocast over fp32
+    weights ("bf16-amp") or bf16 weights ("bf16-pure"). Returns the step function."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = dict(config)
-    if small:
-        cfg.update({k: 2 for k in ("n_layer", "num_hidden_layers")})
-        mb, seq = 1, 64
     kind = cfg.pop("model_type")
     cfg.pop("architectures")
-    config = AutoConfig.for_model(kind, **cfg)
+    built = AutoConfig.for_model(kind, **cfg)
     torch.manual_seed(0)
     with dev:
-        net = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        net = AutoModelForCausalLM.from_config(built, attn_implementation="sdpa")
     pure = precision == "bf16-pure"
     if pure:
         net = net.to(torch.bfloat16)
     net.train()
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=dev.type == "cuda")
-    ids = torch.randint(0, config.vocab_size, (mb, seq), device=dev)
+    ids = torch.randint(0, built.vocab_size, (mb, seq), device=dev)
 
     def step():
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=not pure):
@@ -221,15 +219,24 @@ def _measure_run(config: dict, mb: int, seq: int, precision: str, dev, small: bo
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    if small:
-        step()
+    return step
+
+
+def _measure_run(config: dict, mb: int, seq: int, precision: str, dev, small: bool) -> dict:
+    """Median step of 10 (after warm-ups) and the allocator's peak of one ``_training_step``."""
+    import torch
+
+    if small:           # the code path at toy sizes: two blocks, 1 x 64 tokens, one step
+        config = {**config, **{k: 2 for k in ("n_layer", "num_hidden_layers") if k in config}}
+        _training_step(config, 1, 64, precision, dev)()
         return {"step_s": None}
+    step = _training_step(config, mb, seq, precision, dev)
     step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     t = _time_cuda(step, 10)
     peak = torch.cuda.max_memory_allocated()
-    del net, opt
+    del step
     torch.cuda.empty_cache()
     return {"step_s": t, "peak_bytes": peak, "tokens_per_s": mb * seq / t}
 
@@ -269,24 +276,10 @@ def diagnose(out: Path) -> None:
 
 
 def _profile_run(model: str, mb: int, seq: int) -> str:
+    """The top CUDA-time ops of one profiled bf16-amp step, after three warm-ups."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = dict(CONFIGS[model])
-    kind = cfg.pop("model_type")
-    cfg.pop("architectures")
-    with torch.device("cuda"):
-        net = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **cfg), attn_implementation="sdpa")
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=True)
-    ids = torch.randint(0, cfg.get("vocab_size", 50257), (mb, seq), device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = net(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = _training_step(CONFIGS[model], mb, seq, "bf16-amp", torch.device("cuda"))
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -295,7 +288,7 @@ def _profile_run(model: str, mb: int, seq: int) -> str:
         step()
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60)
-    del net, opt
+    del step
     torch.cuda.empty_cache()
     return table
 

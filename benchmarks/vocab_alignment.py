@@ -1,7 +1,7 @@
 """Does an output layer whose vocabulary is not a multiple of 8 show in the published runs? The
 speed rows outside the reference split, grouped by the part's family in calibration.MISALIGNED_GEMM_
 SPEED (Hopper 0.16, Ampere / Ada 0.35, other parts unmeasured), by whether the row's vocabulary is a
-multiple of 8 and by whether its stack pads it (validate._PADS_VOCAB), rows with a language-model head
+multiple of 8 and by whether its stack pads it (validate._vocab_multiple), rows with a language-model head
 only: median signed speed error
 (planned over published: + is planned fast) and rows / sources, for one or more validate JSONs of the
 same file side by side (say, before and after the unaligned rate).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tensorpilot.hardware import catalog
 from tensorpilot.plan import calibration as cal
-from tensorpilot.plan.validate import _PADS_VOCAB, _spec, _speed, load_rows
+from tensorpilot.plan.validate import _spec, _speed, _vocab_multiple, load_rows
 
 SPEED_KINDS = ("throughput", "step_time", "totals")
 
@@ -36,10 +36,8 @@ def group(row) -> tuple[str, str, str] | None:
         return None
     if spec is None or not spec.lm_head:      # an encoder's task head: no vocabulary GEMMs planned
         return None
-    speed = cal.MISALIGNED_GEMM_SPEED.get(key)
-    family = "hopper" if speed == 0.16 else "ampere/ada" if speed == 0.35 else "other"
-    pads = "pads" if _PADS_VOCAB.search(f"{row.get('source', '')} {row.get('flops_convention', '')}".lower()) \
-        else "unpadded"
+    family = "hopper" if key in cal._HOPPER else "ampere/ada" if key in cal._AMPERE_ADA else "other"
+    pads = "pads" if _vocab_multiple(row) > 1 else "unpadded"
     return family, "aligned" if vocab % 8 == 0 else "unaligned", pads
 
 

@@ -474,7 +474,7 @@ def _layout_setup(row, spec: ModelSpec, part_year: int | None = None):
                        tokens=tokens if tokens and tokens > 0 else None, goodput=_goodput(row),
                        offload=_offload(row, sharding), loss_kernel=_loss_kernel(row),
                        stack_efficiency=cal.stack_efficiency(row_stack(row)),
-                       vocab_multiple=128 if _PADS_VOCAB.search(f"{_text(row, 'source')} {conv}".lower()) else 1)
+                       vocab_multiple=_vocab_multiple(row))
     return layout, setup
 
 
@@ -683,6 +683,12 @@ def row_stack(row) -> str:
     thread), "typical" otherwise."""
     recipe = _source_names(row, _RECIPE_SOURCES) and not _TRACKER.search(_text(row, "source").lower())
     return "recipe" if recipe else "typical"
+
+
+def _vocab_multiple(row) -> int:
+    """The multiple the row's stack pads the output layer's vocabulary to (TrainSetup.vocab_multiple):
+    Megatron's 128 where its source or notes name a padding stack (_PADS_VOCAB), else 1."""
+    return 128 if _PADS_VOCAB.search(f"{_text(row, 'source')} {_text(row, 'flops_convention')}".lower()) else 1
 
 
 def _switch(row, pattern: str) -> bool | None:
