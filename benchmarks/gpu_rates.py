@@ -6,12 +6,16 @@ built from their published configs (nobody here wrote them), trained the way a u
     python benchmarks/gpu_rates.py plan --gpu h200-sxm --out planned.json     # any machine, before
     python benchmarks/gpu_rates.py measure --out measured.json --deadline-s 240 # on the GPU
     python benchmarks/gpu_rates.py report planned.json measured.json
+    python benchmarks/gpu_rates.py traced --gpu h200-sxm --out traced.json    # any machine
+    python benchmarks/gpu_rates.py report planned.json measured.json --traced traced.json
 
 ``plan`` records what the planner says before anything runs (commit it before the lease): a GEMM's
 time from ``timing.gemm_time_s`` at the part's rates, the fused-attention rate, and each model's
 step time and peak memory from ``tensorpilot plan --hf-config`` at both stacks (calibration.STACKS).
 ``measure`` times the same shapes and steps with CUDA events (torch only; transformers for the
-models). ``report`` prints measured over planned. The planner's rates include the sustained-load
+models). ``traced`` plans the same steps the other way, by tracing the model itself (``tensorpilot
+plan --hf-config`` with ``--batch-size``: modelplan/, the planner for a user's own model).
+``report`` prints measured over planned. The planner's rates include the sustained-load
 factor (calibration.SUSTAINED_COMPUTE_FRACTION) that a burst of one kernel does not pay, so the
 kernel tables also give the ratio with it taken out.
 """
@@ -109,6 +113,23 @@ def _plan_run(cfg: Path, gpu: str, mb: int, seq: int, precision: str, stack: str
     mem = d["memory_bytes"]
     return {"step_s": d["step_time_s"], "peak_bytes": mem["total"] - mem.get("cuda_context", 0),
             "breakdown_s": d["time_breakdown_s"]}
+
+
+def traced(gpu: str, out: Path) -> None:
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, mb, seq, precision in RUNS:
+            cfg = Path(tmp) / f"{model}.json"
+            cfg.write_text(json.dumps(CONFIGS[model]))
+            cmd = [sys.executable, "-m", "tensorpilot", "plan", "--hf-config", str(cfg), "--gpu", gpu,
+                   "--batch-size", str(mb), "--input-shape", str(seq), "--input-dtype", "int64",
+                   "--precision", precision.removesuffix("-amp"), "--optim", "adamw", "--json"]
+            d = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+            runs[run_key(model, mb, seq, precision)] = {"step_s": d["step_time_s"],
+                                                        "peak_bytes": d["memory_bytes"]["total"]}
+            print(run_key(model, mb, seq, precision), runs[run_key(model, mb, seq, precision)], flush=True)
+    out.write_text(json.dumps({"gpu": gpu, "runs": runs}, indent=1))
+    print(f"wrote {out}")
 
 
 # --------------------------------------------------------------------------------- measure
@@ -332,7 +353,7 @@ def align(out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- report
-def report(planned: dict, measured: dict) -> None:
+def report(planned: dict, measured: dict, traced_plans: dict | None = None) -> None:
     sus = planned["sustained"]
     print(f"planned for {planned['gpu']}; measured on {measured['device']} (torch {measured['torch']})\n")
     print("| GEMM m x k x n | measured TFLOP/s | planned TFLOP/s | measured / planned | "
@@ -364,6 +385,17 @@ def report(planned: dict, measured: dict) -> None:
               f"{re_['step_s'] / m['step_s'] - 1:+.0%} | "
               f"{m['peak_bytes'] / 2**30:.1f} GiB | {ty['peak_bytes'] / 2**30:.1f} | "
               f"{ty['peak_bytes'] / m['peak_bytes'] - 1:+.0%} |")
+    if traced_plans is None:
+        return
+    print("\n| run (traced planner) | measured step | planned | error | peak measured | peak planned | error |"
+          "\n|---|---:|---:|---:|---:|---:|---:|")
+    for key, t in traced_plans["runs"].items():
+        m = measured["runs"].get(key, {})
+        if not m.get("step_s"):
+            continue
+        print(f"| {key} | {m['step_s'] * 1e3:.1f} ms | {t['step_s'] * 1e3:.1f} | {t['step_s'] / m['step_s'] - 1:+.0%} | "
+              f"{m['peak_bytes'] / 2**30:.1f} GiB | {t['peak_bytes'] / 2**30:.1f} | "
+              f"{t['peak_bytes'] / m['peak_bytes'] - 1:+.0%} |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -372,6 +404,9 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("plan")
     p.add_argument("--gpu", default="h200-sxm")
     p.add_argument("--out", type=Path, required=True)
+    tr = sub.add_parser("traced")
+    tr.add_argument("--gpu", default="h200-sxm")
+    tr.add_argument("--out", type=Path, required=True)
     m = sub.add_parser("measure")
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--deadline-s", type=float, default=240, help="start no model run after this many seconds")
@@ -383,9 +418,12 @@ def main(argv: list[str] | None = None) -> None:
     r = sub.add_parser("report")
     r.add_argument("planned", type=Path)
     r.add_argument("measured", type=Path)
+    r.add_argument("--traced", type=Path, help="traced.json: the traced planner's plans as well")
     a = ap.parse_args(argv)
     if a.cmd == "plan":
         plan(a.gpu, a.out)
+    elif a.cmd == "traced":
+        traced(a.gpu, a.out)
     elif a.cmd == "measure":
         measure(a.out, a.deadline_s, not a.no_models)
     elif a.cmd == "align":
@@ -393,7 +431,8 @@ def main(argv: list[str] | None = None) -> None:
     elif a.cmd == "diagnose":
         diagnose(a.out)
     else:
-        report(json.loads(a.planned.read_text()), json.loads(a.measured.read_text()))
+        report(json.loads(a.planned.read_text()), json.loads(a.measured.read_text()),
+               json.loads(a.traced.read_text()) if a.traced else None)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def test_plan_a_user_factory_end_to_end(models):
     (["--model", "usermodels:small", "--input-shape", "12", "--measured-step-s", "0.5", "--stack-efficiency", "0.5"],
      ["--measured-step-s and --stack-efficiency", "pass one"]),
     (["--model", "usermodels:small", "--input-shape", "12", "--search"], ["--search", "--gpus N"]),
-    (["--model", "usermodels:small", "--input-shape", "12", "--optimizer", "none"], ["--optimizer none", "--optim adamw"]),
+    (["--model", "usermodels:small", "--input-shape", "12", "--optimizer", "muon"], ["muon", "adamw"]),
 ])
 def test_bad_input_is_one_sentence(models, args, words):
     proc = _plan(models, *args, check=False)
@@ -264,6 +264,38 @@ def test_hugging_face_config_builds_the_real_class(tmp_path):
     # parameters: token and position embeddings, 2 blocks, final norm (the head is tied)
     per_block = 2 * 64 + (64 * 192 + 192) + (64 * 64 + 64) + 2 * 64 + (64 * 256 + 256) + (256 * 64 + 64)
     assert d["params"] == 500 * 64 + 64 * 64 + 2 * per_block + 2 * 64
+
+
+def test_a_configs_eager_attention_is_traced_as_written(tmp_path):
+    """A config.json naming attn_implementation "eager" is traced with the scores materialised;
+    without it, SDPA's fused kernel (on an H100, also with GPT-2's attention dropout). By hand:
+    eager keeps at least the fp32 softmax output (B x H x L x L x 4 bytes) of every layer."""
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys; from benchmarks.user_models import _torchvision_importable; _torchvision_importable(); "
+            "from tensorpilot.cli import main; sys.exit(main(sys.argv[1:]))")
+    b, heads, seq, layers = 4, 2, 64, 2
+    total = {}
+    for attn in ("eager", None):
+        cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": layers, "n_embd": 64,
+               "n_head": heads, "vocab_size": 512, "n_positions": seq}
+        if attn:
+            cfg["attn_implementation"] = attn
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        proc = subprocess.run([sys.executable, "-c", code, "plan", "--hf-config", str(tmp_path / "config.json"),
+                               "--gpu", "h100-sxm", "--batch-size", str(b), "--input-shape", str(seq),
+                               "--precision", "fp32", "--optim", "none", "--loss", "sum", "--json"],
+                              cwd=root, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0 and "cannot import" in proc.stderr:
+            pytest.skip(proc.stderr.strip())
+        assert proc.returncode == 0, proc.stderr
+        d = json.loads(proc.stdout)
+        assert d["optimizer"] == "none" and d["memory_bytes"]["optimizer"] == 0
+        total[attn] = d["memory_bytes"]["total"]
+    assert total["eager"] - total[None] >= layers * b * heads * seq * seq * 4
 
 
 def test_optimize_auto_ranks_a_user_model_by_its_traced_plan(models):

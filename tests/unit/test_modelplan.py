@@ -96,6 +96,18 @@ def test_traced_memory_of_an_mlp_is_the_hand_computation():
     assert trace.memory["gradients"] == 4 * (HID * OUT + OUT)
 
 
+def test_a_forward_backward_step_without_optimizer_holds_no_state_by_hand():
+    """optimizer "none" (a benchmark timing loss.backward() alone): the hand computation above
+    without AdamW's two moments and step counts; gradients dropped before the next step."""
+    trace = _trace(mlp, (B, IN), opt=planner.optimizer_factory("none"))
+    n = IN * HID + HID + HID * OUT + OUT
+    assert trace.memory.get("optimizer", 0) == 0
+    hand = (4 * n + 4 * B * IN + 8 * B + 8 + 4 * (HID * OUT + OUT)
+            + 4 * B * HID + 4 * (HID * IN) + 4 * HID)
+    assert trace.memory["total"] == hand
+    assert not [o for o in trace.ops if o.phase == "optimizer"]
+
+
 @pytest.mark.parametrize("model_fn,shape", [(mlp, (B, IN)), (cnn, (16, 3, 32, 32))])
 def test_traced_memory_matches_a_real_measured_step(model_fn, shape):
     trace = _trace(model_fn, shape)

@@ -35,8 +35,9 @@ def register(sub) -> dict[str, argparse.ArgumentParser]:
     a.add_argument("--loss", metavar="ce|mse|sum|PKG.MOD:FN",
                    help="The step's loss: cross-entropy over the output's last dimension (default), mse, the "
                         "output's sum, or your function(output, targets).")
-    a.add_argument("--optim", choices=["adamw", "sgd", "adafactor", "adamw8bit"], default=None,
-                   help="The optimizer, as train's --optim.name (default: adamw).")
+    a.add_argument("--optim", choices=["adamw", "sgd", "adafactor", "adamw8bit", "none"], default=None,
+                   help="The optimizer, as train's --optim.name (default: adamw); none: forward and backward "
+                        "only, as a benchmark that times loss.backward() does.")
     a.add_argument("--memory-format", choices=["contiguous", "channels_last"], default="contiguous",
                    help="The model's 4-D tensors as train's channels_last option lays them out: contiguous (NCHW, "
                         "PyTorch's default; on an NVIDIA GPU a 16-bit convolution is then run between cuDNN's "
@@ -101,6 +102,7 @@ def _cmd_calibration(args) -> int:
 
 def _cmd_traced(args) -> int:
     from tensorpilot.modelplan import planner, sources
+    from tensorpilot.observe.gpu_attention import fuses_dropout_attention
     from tensorpilot.plan import command as plan_command
     from tensorpilot.plan.anchor import sentence
     from tensorpilot.plan.command import _json
@@ -124,11 +126,7 @@ def _cmd_traced(args) -> int:
     dtype = sources.parse_dtype(args.input_dtype) if args.input_dtype else None
     loss = sources.Loss.parse(args.loss, src.loss_fn)
     optimizer = args.optim or ("adamw" if args.optimizer == "adam" else args.optimizer)
-    if optimizer == "none":
-        raise UsageError("--optimizer none (forward and backward only) plans presets and config.json models; a "
-                         "traced step runs its optimizer: pass --optim adamw, sgd, adafactor or adamw8bit.")
-    precision = {"bf16-amp": "bf16", "fp16-amp": "fp16", "bf16-pure": "bf16",
-                 "fp16-pure": "fp16"}.get(args.precision, args.precision)
+    precision = {"bf16-amp": "bf16", "fp16-amp": "fp16"}.get(args.precision, args.precision)
     if precision not in planner.PRECISIONS:
         raise UsageError(f"--precision {args.precision} is not available for a traced model; use "
                          f"{', '.join(planner.PRECISIONS)}.")
@@ -140,8 +138,11 @@ def _cmd_traced(args) -> int:
     # a GPU's autocast casts by op lists of its own (observe/gpu_autocast.py)
     gpu_autocast = planner.autocasts_like_cuda(acc) if acc is not None \
         else args.device.split(":")[0] in ("cuda", "xpu")
+    # and its SDPA takes dropout in a fused kernel, where the CPU's materialises the scores
+    gpu_attention = fuses_dropout_attention(acc) if acc is not None else args.device.split(":")[0] == "cuda"
     trace = planner.trace_source(src, batch_size=batch, precision=precision, optimizer=optimizer, loss=loss,
                                  input_shape=shape, input_dtype=dtype, gpu_autocast=gpu_autocast,
+                                 gpu_attention=gpu_attention,
                                  memory_format=args.memory_format)
     if args.kernels == "fused":                     # the step under torch.compile
         from tensorpilot.modelplan.fusion import fuse

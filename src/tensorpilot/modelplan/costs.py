@@ -32,7 +32,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from tensorpilot.hardware.hostmem import MMAP_CEILING
-from tensorpilot.observe.trace import COMPUTE_CLASSES, VIEW, ATTENTION, OpRecord, TensorSpec
+from tensorpilot.observe.trace import COMPUTE_CLASSES, MATMUL, VIEW, ATTENTION, OpRecord, TensorSpec
 
 DTYPE_KEYS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "": "fp32"}
 BANDWIDTH_SIZES = (256 << 10, 4 << 20, 64 << 20)     # L2-, L3- and DRAM-sized working sets
@@ -87,6 +87,8 @@ class DeviceCosts:
     measured_cold_s: dict[str, float] = field(default_factory=dict)   # signature -> seconds, operands in memory
     cache_bytes: float = 0.0                       # traffic after which an operand has left the caches
     nchw_transposes: bool = False                  # NCHW 16-bit convolutions pay cuDNN's layout transforms
+    # catalog: share of its rate a 16-bit GEMM keeps with a row not 16-byte aligned (calibration.py)
+    misaligned_gemm_speed: float = 1.0
 
     def bytes_per_s(self, nbytes: float) -> float:
         """Bandwidth for a working set of ``nbytes``: log-linear between the measured sizes."""
@@ -122,6 +124,8 @@ class DeviceCosts:
         if half and op.op_class != ATTENTION:
             depth = _reduction_depth(op)
             rate *= depth / (depth + half)
+        if self.misaligned_gemm_speed < 1 and op.op_class == MATMUL and gemm_misaligned(op):
+            rate *= self.misaligned_gemm_speed
         own = max(op.flops / rate, memory) + self.op_overhead_s
         if self.nchw_transposes:
             moved, kernels = nchw_transpose_bytes(op)
@@ -175,6 +179,32 @@ def nchw_transpose_bytes(op: OpRecord) -> tuple[int, int]:
     return 2 * kernels * (spec_bytes(grad_out) + spec_bytes(x)), 2 * kernels   # gradient: grad_out and input in
 
 
+def gemm_misaligned(op: OpRecord) -> bool:
+    """Whether a 16-bit GEMM has an operand or output whose rows do not start on 16-byte boundaries
+    (calibration.GEMM_ALIGN_BYTES): a leading dimension (the stride of a matrix's non-contiguous
+    dimension), a storage offset, or the output's width (its last operand's last dimension: mm,
+    addmm, bmm, baddbmm write (..., m, n)) that is not a multiple of 8 elements. cuBLAS then runs
+    kernels without the tensor cores' aligned loads: a language model's output layer over a vocabulary
+    such as GPT-2's 50,257 (calibration.MISALIGNED_GEMM_SPEED)."""
+    from tensorpilot.plan.calibration import GEMM_ALIGN_BYTES
+
+    if op.replay is None:
+        return False
+    mats = [s for s in _flat_specs(op.replay[1:]) if len(s.shape) >= 2 and s.dtype.is_floating_point
+            and s.dtype.itemsize == 2]
+    if not mats:
+        return False
+    for s in mats:
+        (rows, cols), (rs, cs) = s.shape[-2:], s.stride[-2:]
+        if rows <= 1 or cols <= 1:
+            continue
+        ld = rs if cs == 1 else cs if rs == 1 else None     # neither: cuBLAS is given a copy
+        if ld is not None and (ld * 2 % GEMM_ALIGN_BYTES or s.offset * 2 % GEMM_ALIGN_BYTES):
+            return True
+    n = mats[-1].shape[-1]
+    return n > 1 and n * 2 % GEMM_ALIGN_BYTES != 0
+
+
 def _reduction_depth(op: OpRecord) -> float:
     """Reduction depth K of a GEMM-like op (matmul, convolution, their backward): its FLOPs
     (2 x outputs x K) over twice the elements it writes; large where the op writes nothing."""
@@ -207,7 +237,8 @@ def catalog_costs(acc: Any) -> DeviceCosts:
     bw = cal.streaming_bytes_per_s(acc)
     return DeviceCosts(acc.key, False, compute, [(1.0, bw)], op_overhead_s=cal.KERNEL_FLOOR_S, view_overhead_s=0.0,
                        host_per_op_s=CATALOG_HOST_PER_OP_S, async_host=True, attention_flops_per_s=attention,
-                       gemm_half_depth=half, nchw_transposes=acc.vendor == "NVIDIA")
+                       gemm_half_depth=half, nchw_transposes=acc.vendor == "NVIDIA",
+                       misaligned_gemm_speed=cal.MISALIGNED_GEMM_SPEED.get(cal.calibration_key(acc), 1.0))
 
 
 # ---------------------------------------------------------------------------- this machine

@@ -22,14 +22,26 @@ from tensorpilot.errors import ConfigError
 from tensorpilot.modelplan.sources import Loss, ModelSource, batch_maker
 from tensorpilot.observe.trace import StepTrace, TraceError, forward_loss, trace_step
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "adamw8bit")
+# bf16 / fp16: fp32 weights under autocast; -pure: the model cast to the type (model.to(torch.bfloat16)
+# or from_pretrained(torch_dtype=...)), weights, gradients and optimizer states in it
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-pure", "fp16-pure")
+OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "adamw8bit", "none")    # none: forward and backward only
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PURE = {"bf16-pure": torch.bfloat16, "fp16-pure": torch.float16}
 
 
-def optimizer_factory(name: str, device_kind: str = "cpu") -> Callable[[list[nn.Parameter]], torch.optim.Optimizer]:
+def compute_key(precision: str) -> str:
+    """The datasheet peak a precision's GEMMs run at: fp32, tf32, bf16 or fp16."""
+    return precision.split("-")[0]
+
+
+def optimizer_factory(name: str, device_kind: str = "cpu") -> Callable[[list[nn.Parameter]],
+                                                                     torch.optim.Optimizer | None]:
     """The optimizer ``tensorpilot train`` builds for ``--optim.name`` (training/optim.py: fused
-    AdamW where the device has the kernel), on the parameters it is given."""
+    AdamW where the device has the kernel), on the parameters it is given; "none" builds none (a
+    forward-backward step, as attention benchmarks time it)."""
+    if name == "none":
+        return lambda ps: None
     if name in ("adamw", "adam"):
         return lambda ps: torch.optim.AdamW(ps, fused=device_kind in ("cuda", "cpu"))
     if name == "sgd":
@@ -58,15 +70,19 @@ def _inputs(source: ModelSource, input_shape: tuple[int, ...] | None, input_dtyp
 def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32", optimizer: str = "adamw",
                  loss: Loss | None = None, input_shape: tuple[int, ...] | None = None,
                  input_dtype: torch.dtype | None = None, device: str = "cpu", clip_grad_norm: bool = True,
-                 gpu_autocast: bool = False, memory_format: str = "contiguous") -> StepTrace:
+                 gpu_autocast: bool = False, gpu_attention: bool = False,
+                 memory_format: str = "contiguous") -> StepTrace:
     """One step of ``source``'s model traced symbolically, gradients clipped as ``tensorpilot
     train`` clips them by default; one sentence when it cannot be. ``gpu_autocast``: cast as a
-    GPU's autocast does (a plan of a GPU; ``autocasts_like_cuda``). ``memory_format``
+    GPU's autocast does (a plan of a GPU; ``autocasts_like_cuda``). ``gpu_attention``: SDPA with
+    dropout as the GPU's fused kernel (``observe.gpu_attention.fuses_dropout_attention``). ``memory_format``
     "channels_last": the model's 4-D weights in NHWC, as train's channels_last moves them (the
     convolutions' outputs follow their weights' layout), for the trace only."""
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}.")
     shape, dtype = _inputs(source, input_shape, input_dtype)
+    if precision in PURE and dtype.is_floating_point:       # the batch in the model's type, as a pure run feeds it
+        dtype = PURE[precision]
     if not any(p.requires_grad for p in source.model.parameters()):
         raise ConfigError(f"{source.name} has no trainable parameters (none, or all with requires_grad=False), so a "
                           "training step has nothing to update: plan a model with at least one parameter that trains.")
@@ -80,8 +96,10 @@ def trace_source(source: ModelSource, *, batch_size: int, precision: str = "fp32
         source.model.to(memory_format=torch.channels_last)
     try:
         trace = trace_step(source.model, make, loss, optimizer_factory(optimizer, device.split(":")[0]),
-                           device=device, autocast_dtype=AUTOCAST.get(precision), clip_grad_norm=clip_grad_norm,
-                           gpu_autocast=gpu_autocast)
+                           device=device, autocast_dtype=AUTOCAST.get(precision),
+                           clip_grad_norm=clip_grad_norm and optimizer != "none",
+                           gpu_autocast=gpu_autocast, gpu_attention=gpu_attention,
+                           param_dtype=PURE.get(precision))
     except TraceError as exc:
         root = type(source.model).__name__
         where = f"module {exc.module!r} ({trace_types(source.model).get(exc.module, '?')})" if exc.module \
@@ -141,8 +159,8 @@ def plan_local(trace: StepTrace, source: ModelSource | None, *, batch_size: int,
     kw = {} if budget_s is None else {"budget_s": budget_s}
     dc = costs.local_costs(caps, trace.ops, **kw)
     factors = calibration.factors(device) if calibrate else {}
-    compute_key = "bf16" if precision == "bf16" else "fp16" if precision == "fp16" else "fp32"
-    peak = device_peak(device, compute_key)
+    key = "fp32" if precision == "tf32" else compute_key(precision)
+    peak = device_peak(device, key)
     basis, source_name = peak.mfu_basis
     link = None
     if n_devices > 1:
@@ -156,7 +174,7 @@ def plan_local(trace: StepTrace, source: ModelSource | None, *, batch_size: int,
                         tokens_per_sample=tokens_per_sample or (source.tokens_per_sample if source else None), top=top,
                         module_types=module_types or (trace_types(source.model) if source else None))
     # a catalogued GPU has a TDP for the power model; a CPU's is not in the catalog
-    return plan.with_power(local_accelerator(caps), compute_key) if caps.kind != "cpu" else plan
+    return plan.with_power(local_accelerator(caps), key) if caps.kind != "cpu" else plan
 
 
 def plan_catalog(trace: StepTrace, source: ModelSource, acc: Any, *, batch_size: int, precision: str,
@@ -170,7 +188,7 @@ def plan_catalog(trace: StepTrace, source: ModelSource, acc: Any, *, batch_size:
     from tensorpilot.plan.predict import device_rates
     from tensorpilot.plan.timing import group_link
 
-    key = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16"}[precision]
+    key = compute_key(precision)
     peak = acc.peak_flops_per_s(key)
     if not peak:
         raise ConfigError(f"{acc.key} has no published {key} peak; choose another --precision.")
@@ -222,7 +240,8 @@ def measure_step(source: ModelSource, *, batch_size: int, precision: str = "fp32
                  model: nn.Module | None = None, known: set[str] | frozenset = frozenset(),
                  clip_grad_norm: bool = True) -> dict[str, Any]:
     """Run the step for real on the CPU: median step seconds over ``steps`` (after ``warmup``),
-    the allocator's peak over one more, profiled, step, and the profiled op self-times."""
+    the allocator's peak over one more, profiled, step, and the profiled op self-times. A given
+    ``model`` is cast in place for a -pure precision."""
     from tensorpilot.hardware.hostmem import retain_freed_host_memory
     from tensorpilot.observe.memory import profiled_step, storage_bytes
 
@@ -231,6 +250,9 @@ def measure_step(source: ModelSource, *, batch_size: int, precision: str = "fp32
     loss = loss or Loss.parse(None, source.loss_fn)
     torch.manual_seed(0)
     model = model if model is not None else source.real_model()
+    if precision in PURE:                       # as trace_source: the model and a float batch in the type
+        model.to(PURE[precision])
+        dtype = PURE[precision] if dtype.is_floating_point else dtype
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = optimizer_factory(optimizer, "cpu")(params)
@@ -241,6 +263,9 @@ def measure_step(source: ModelSource, *, batch_size: int, precision: str = "fp32
         with torch.autocast("cpu", dtype=cast) if cast is not None else contextlib.nullcontext():
             value, _ = forward_loss(model, x, None, loss)
         value.backward()
+        if opt is None:
+            model.zero_grad(set_to_none=True)
+            return
         if clip_grad_norm:
             torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         opt.step()
@@ -252,7 +277,7 @@ def measure_step(source: ModelSource, *, batch_size: int, precision: str = "fp32
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)] if opt else []
     live = storage_bytes(list(model.parameters()) + list(model.buffers()) + state + [x])
     peak, ops, how = profiled_step(step, live, known)
     return {"step_time_s": statistics.median(times), "times_s": times, "peak_bytes": peak, "peak_method": how,

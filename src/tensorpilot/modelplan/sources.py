@@ -270,8 +270,11 @@ def _hf(path: str) -> ModelSource:
                           + ".") from None
     if cls is None:
         cls = transformers.AutoModel
+    # the attention a config.json names: "eager" (the scores materialised) is kept; any fused one
+    # (sdpa, flash_attention_2 / 3, flex_attention: kernels a CPU trace cannot run) is traced as SDPA
+    eager = raw.get("attn_implementation") == "eager"
     if hasattr(config, "_attn_implementation"):
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = "eager" if eager else "sdpa"
 
     def make():
         return cls.from_config(config) if cls is transformers.AutoModel else cls(config)

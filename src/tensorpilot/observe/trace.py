@@ -448,9 +448,10 @@ def _first_tensor(out: Any) -> torch.Tensor | None:
 
 def trace_step(model: nn.Module, make_batch: Callable[[], tuple[Any, Any]],
                loss_fn: Callable[[torch.Tensor, Any], torch.Tensor],
-               make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer], *,
+               make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer | None], *,
                device: str = "cpu", autocast_dtype: torch.dtype | None = None,
-               clip_grad_norm: bool = False, gpu_autocast: bool = False) -> StepTrace:
+               clip_grad_norm: bool = False, gpu_autocast: bool = False,
+               gpu_attention: bool = False, param_dtype: torch.dtype | None = None) -> StepTrace:
     """Run forward, ``loss_fn``, backward and the optimizer step of ``model`` symbolically.
 
     ``model``: built on the meta device or for real; a meta copy is traced, the model is not
@@ -458,10 +459,14 @@ def trace_step(model: nn.Module, make_batch: Callable[[], tuple[Any, Any]],
     what it creates are fake tensors (inputs: one tensor, or a tuple passed positionally, or a
     dict passed as keywords). ``autocast_dtype``: run forward and loss under torch.autocast;
     ``gpu_autocast``: with a GPU's op lists on the CPU (observe/gpu_autocast.py), for a plan of a GPU.
+    ``gpu_attention``: SDPA with dropout in the fused kernel a GPU runs (observe/gpu_attention.py).
+    ``param_dtype``: the copy's floating-point parameters and buffers cast to it (a pure bf16 run).
     Raises TraceError naming the module where an op could not run symbolically."""
     from tensorpilot.observe.flops import meta_copy
 
     shadow = meta_copy(model)          # the fake parameters replace the copy's, never the caller's
+    if param_dtype is not None:
+        shadow.to(param_dtype)
     # warnings the model's code raises are shown once the step traced; a step that failed is
     # reported as one sentence, without them
     with warnings.catch_warnings(record=True) as caught, _quiet_fake_tensor_log():
@@ -470,7 +475,12 @@ def trace_step(model: nn.Module, make_batch: Callable[[], tuple[Any, Any]],
             from tensorpilot.observe.gpu_autocast import gpu_rules
 
             rules = gpu_rules()
-        with rules:
+        attention = contextlib.nullcontext()
+        if gpu_attention and device.split(":")[0] == "cpu":
+            from tensorpilot.observe.gpu_attention import fused_dropout_attention
+
+            attention = fused_dropout_attention()
+        with rules, attention:
             trace = _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, clip_grad_norm)
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
@@ -555,10 +565,10 @@ def _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, 
         _to_fake(shadow, device)
         shadow.train()
         params = [p for p in shadow.parameters() if p.requires_grad]
-        opt = make_optimizer(params)
+        opt = make_optimizer(params)             # None: forward and backward only
         tracker = MemTracker()
         _skip_frozen_grad_hooks(tracker, shadow)
-        tracker.track_external(shadow, opt)
+        tracker.track_external(shadow, *([opt] if opt is not None else []))
 
         def live() -> float:
             snap = tracker.get_tracker_snapshot("current")
@@ -590,8 +600,12 @@ def _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, 
                 rec.phase = "optimizer"
                 if clip_grad_norm:
                     torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                if opt is not None:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                else:                                # a forward-backward benchmark's model.zero_grad()
+                    for p in params:
+                        p.grad = None
                 if it == 0:
                     tracker.reset_mod_stats()
                 del loss, x, y
@@ -606,7 +620,7 @@ def _trace(shadow, make_batch, loss_fn, make_optimizer, device, autocast_dtype, 
     # our own accounting, beside MemTracker's timeline: model states plus every tensor autograd
     # saved for backward plus the batch -- no temporaries, no transient gradients
     state = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
-                if isinstance(t, torch.Tensor))
+                if isinstance(t, torch.Tensor)) if opt is not None else 0
     weights = sum(p.numel() * p.element_size() for p in shadow.parameters())
     grads = sum(p.numel() * p.element_size() for p in params)
     accounting = {"parameters": float(weights), "gradients": float(grads), "optimizer": float(state),
