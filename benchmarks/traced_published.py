@@ -111,11 +111,18 @@ def run_key(row: dict[str, str]) -> str:
     return f"{checkpoint(row)}|{attention(row)}|{row['gpu']}|{row['micro_batch']}|{row['seq_len']}"
 
 
+def _parts() -> None:
+    """The parts the rows name that the catalog lacks (RTX 2060 8 GB, RTX 3080 Ti laptop)."""
+    from tensorpilot.hardware import catalog
+
+    catalog.load_hardware_file(HARDWARE)
+
+
 def _gpu_key(name: str) -> str:
     from tensorpilot.hardware import catalog
     from tensorpilot.plan.validate import GPU_NAMES
 
-    catalog.load_hardware_file(HARDWARE)
+    _parts()
     return catalog.get(GPU_NAMES.get(name.lower(), name)).key
 
 
@@ -159,6 +166,7 @@ def errors(plans: dict[str, dict]) -> list[dict]:
     """Per row: traced and formula errors (planned / published - 1), time and memory alike."""
     from tensorpilot.plan.validate import UNITS
 
+    _parts()
     out = []
     for r in rows():
         p = plans.get(run_key(r))
@@ -209,12 +217,12 @@ def report(path: Path) -> None:
                 line(f"{ckpt} ({sel[0]['gpu']}), {metric}", sel)
     # eager / SDPA time ratios: the part's rates cancel, what the kernels change remains
     by = {(e["key"].replace("|eager|", "|sdpa|"), e["attention"]): e for e in errs if e["metric"] == "iteration_time"}
-    ratios = []
-    for (key, attn), e in by.items():
-        if attn == "eager" and (key, "sdpa") in by:
-            s = by[(key, "sdpa")]
-            ratios.append((1 + e["traced"]) / (1 + s["traced"]) - 1)
-    print(f"\neager / SDPA step-time ratio, planned over published - 1, {len(ratios)} pairs: {_summary(ratios)}")
+    pairs = [(e, by[(key, "sdpa")]) for (key, attn), e in by.items() if attn == "eager" and (key, "sdpa") in by]
+    print(f"\neager / SDPA step-time ratio, planned over published - 1, {len(pairs)} pairs:")
+    for planner in ("traced", "formula"):
+        ratios = [(1 + e[planner]) / (1 + s[planner]) - 1 for e, s in pairs
+                  if e[planner] is not None and s[planner] is not None]
+        print(f"- {planner}: {_summary(ratios)} ({len(ratios)} pairs)")
 
 
 def main(argv: list[str] | None = None) -> None:

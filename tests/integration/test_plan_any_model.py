@@ -240,26 +240,31 @@ def test_a_frozen_embedding_under_an_lstm_plans(models):
     assert gpu["model_flops_per_step"] == lstm + 3 * 2 * tokens * 64 * 5
 
 
-def test_hugging_face_config_builds_the_real_class(tmp_path):
-    pytest.importorskip("transformers")
-    cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
-           "vocab_size": 500, "n_positions": 64}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    # the CLI in a process that first makes this machine's torchvision importable (a CUDA build
-    # beside a CPU torch; benchmarks/user_models.py), as transformers imports it
+def _plan_hf_config(tmp_path, cfg: dict, *args: str) -> dict:
+    """`tensorpilot plan --hf-config` on ``cfg`` with ``args``, its JSON; skipped where transformers
+    cannot import. The CLI runs in a process that first makes this machine's torchvision importable
+    (a CUDA build beside a CPU torch; benchmarks/user_models.py), as transformers imports it."""
     import subprocess
     import sys
     from pathlib import Path
+
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
     root = Path(__file__).resolve().parents[2]
     code = ("import sys; from benchmarks.user_models import _torchvision_importable; _torchvision_importable(); "
             "from tensorpilot.cli import main; sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, "plan", "--hf-config", str(tmp_path / "config.json"),
-                           "--batch-size", "2", "--input-shape", "32", "--precision", "fp32", "--json"],
-                          cwd=root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code, "plan", "--hf-config", str(tmp_path / "config.json"), *args,
+                           "--json"], cwd=root, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and "cannot import" in proc.stderr:
         pytest.skip(proc.stderr.strip())
     assert proc.returncode == 0, proc.stderr
-    d = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def test_hugging_face_config_builds_the_real_class(tmp_path):
+    cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
+           "vocab_size": 500, "n_positions": 64}
+    d = _plan_hf_config(tmp_path, cfg, "--batch-size", "2", "--input-shape", "32", "--precision", "fp32")
     assert d["model"].startswith("GPT2LMHeadModel")
     # parameters: token and position embeddings, 2 blocks, final norm (the head is tied)
     per_block = 2 * 64 + (64 * 192 + 192) + (64 * 64 + 64) + 2 * 64 + (64 * 256 + 256) + (256 * 64 + 64)
@@ -270,13 +275,6 @@ def test_a_configs_eager_attention_is_traced_as_written(tmp_path):
     """A config.json naming attn_implementation "eager" is traced with the scores materialised;
     without it, SDPA's fused kernel (on an H100, also with GPT-2's attention dropout). By hand:
     eager keeps at least the fp32 softmax output (B x H x L x L x 4 bytes) of every layer."""
-    pytest.importorskip("transformers")
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    code = ("import sys; from benchmarks.user_models import _torchvision_importable; _torchvision_importable(); "
-            "from tensorpilot.cli import main; sys.exit(main(sys.argv[1:]))")
     b, heads, seq, layers = 4, 2, 64, 2
     total = {}
     for attn in ("eager", None):
@@ -284,15 +282,8 @@ def test_a_configs_eager_attention_is_traced_as_written(tmp_path):
                "n_head": heads, "vocab_size": 512, "n_positions": seq}
         if attn:
             cfg["attn_implementation"] = attn
-        (tmp_path / "config.json").write_text(json.dumps(cfg))
-        proc = subprocess.run([sys.executable, "-c", code, "plan", "--hf-config", str(tmp_path / "config.json"),
-                               "--gpu", "h100-sxm", "--batch-size", str(b), "--input-shape", str(seq),
-                               "--precision", "fp32", "--optim", "none", "--loss", "sum", "--json"],
-                              cwd=root, capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0 and "cannot import" in proc.stderr:
-            pytest.skip(proc.stderr.strip())
-        assert proc.returncode == 0, proc.stderr
-        d = json.loads(proc.stdout)
+        d = _plan_hf_config(tmp_path, cfg, "--gpu", "h100-sxm", "--batch-size", str(b), "--input-shape", str(seq),
+                            "--precision", "fp32", "--optim", "none", "--loss", "sum")
         assert d["optimizer"] == "none" and d["memory_bytes"]["optimizer"] == 0
         total[attn] = d["memory_bytes"]["total"]
     assert total["eager"] - total[None] >= layers * b * heads * seq * seq * 4
