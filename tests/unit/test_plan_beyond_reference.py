@@ -1409,6 +1409,11 @@ def test_rows_say_which_dtype_their_gradients_were_reduced_in(precision, notes, 
     ("FlashAttention-4 (CuTe DSL) on sm_100", "a repo", "flash"),
     ("framework: PyTorch 2.0.1a0, fused SDPA on", "Intel-HabanaLabs", "flash"),   # Gaudi's own kernel
     ("attention is FlexAttention with a document-causal block mask", "a speedrun log", "flash"),
+    # Hugging Face's eager attention, also where the notes name the SDPA benchmark it is compared in
+    ("fxmarty's SDPA training benchmark; attention kernel: eager (PyTorch matmul+softmax)", "a PR", "materialized"),
+    ("SDPA/BetterTransformer benchmark script; eager attention (HF matmul+softmax)", "a doc", "materialized"),
+    ("model loaded with attn_implementation='eager', SDPA off", "a blog", "materialized"),
+    ("eager (PyTorch matmul+softmax, materialises the S x S scores)", "a PR", "materialized"),
 ])
 def test_rows_say_whether_attention_was_fused(notes, source, expected):
     from tensorpilot.plan.validate import _attention

@@ -480,10 +480,14 @@ def _layout_setup(row, spec: ModelSpec, part_year: int | None = None):
 
 # notes that say the run did not use a fused attention kernel ("no flash attention", "flash
 # attention not used", "no --use-flash-attn", "materialised attention", MaxText's
-# attention=dot_product: XLA's reference attention over the whole score matrix)
+# attention=dot_product: XLA's reference attention over the whole score matrix; Hugging Face's
+# eager attention, attn_implementation="eager", "attention kernel: eager": the model's own matmul
+# and softmax -- named so even where the notes also name SDPA, as the benchmark that compares them)
 _NO_FLASH = re.compile(r"\b(no|not|without|w/o)\b[^;,.]{0,12}(flash|fa\b)|flash[- ]?attn?\w*[^;,.]{0,25}"
                        r"\b(not used|not enabled|disabled|unused|off|false)\b|materiali[sz]ed attention|"
-                       r"scores materiali[sz]ed|materiali[sz]ed scores|attention disabled|attention\s*[=:]\s*dot_product\b")
+                       r"scores materiali[sz]ed|materiali[sz]ed scores|attention disabled|attention\s*[=:]\s*dot_product\b|"
+                       r"\beager attention\b|\battention(?: kernel)?\s*[:=]\s*eager\b|attn_implementation\W{0,4}eager|"
+                       r"materiali[sz]es? the [^;,.]{0,12}scores")
 # a fused attention kernel named in the notes (FlexAttention: PyTorch's compiled one, ~90% of
 # FlashAttention-2 forward and ~85% backward per its release post, pytorch.org/blog/flexattention,
 # 2024), or software that runs one by default (NeMo and Megatron-Core build attention from
