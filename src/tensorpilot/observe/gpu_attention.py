@@ -2,16 +2,16 @@
 
 ``torch.nn.functional.scaled_dot_product_attention`` picks a kernel by device. With dropout in
 training (Hugging Face's GPT-2, BERT, RoBERTa, T5 pass their ``attn_pdrop`` / attention-probs
-dropout, 0.1 in the published configs) the CPU has no fused kernel: its SDPA falls back to the
-math path, which materialises the (batch x heads x L x S) scores, their softmax and the dropout
-mask and keeps them for the backward (aten/src/ATen/native/transformers/attention.cpp,
-``_fused_sdp_choice_cpp``: the CPU flash kernel requires ``dropout_p == 0``). A GPU's fused kernels
-take dropout: FlashAttention-2 and the memory-efficient kernel on NVIDIA parts, the same through
-AOTriton on ROCm (sdp_utils.cpp, ``check_requires_grad_and_..._dropout``: no dropout restriction
-there); they draw the mask from a Philox seed and offset inside the kernel and save only those,
-the output and the row log-sum-exp. A CPU trace of a model with attention dropout therefore
-plans the scores' memory and traffic that the GPU never writes: for GPT-2 small at 8 x 1024
-tokens, some 13 GiB of a 14 GiB step (benchmarks/RESULTS.md, "traced planner").
+dropout, 0.1 in the published configs) the CPU has no fused kernel: its SDPA runs the math path,
+which materialises the (batch x heads x L x S) scores, their softmax and the dropout mask and keeps
+them for the backward (seen in a dispatch trace on torch 2.13: bmm, softmax, bernoulli, bmm, where
+the same call without dropout is one ``_scaled_dot_product_flash_attention_for_cpu``). A GPU's
+fused kernels take dropout: FlashAttention-2 and the memory-efficient kernel on NVIDIA parts, the
+same through AOTriton on ROCm; they draw the mask from a Philox seed and offset inside the kernel
+and save only those, the output and the row log-sum-exp. A CPU trace of a model with attention
+dropout therefore plans the scores' memory and traffic that the GPU never writes: GPT-2 small at
+8 x 1024 tokens was planned at 26.4 GiB for an H200 step that held 13.7 (benchmarks/RESULTS.md,
+"The traced planner against the same ten steps").
 
 ``fused_dropout_attention()`` makes the trace take the CPU's fused kernel while it is active: an
 SDPA call with dropout is traced with ``dropout_p = 0``. The kernel's FLOPs and saved tensors
