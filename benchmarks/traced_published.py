@@ -119,10 +119,10 @@ def _parts() -> None:
 
 
 def _gpu_key(name: str) -> str:
+    """The catalog key of a row's GPU (after _parts())."""
     from tensorpilot.hardware import catalog
     from tensorpilot.plan.validate import GPU_NAMES
 
-    _parts()
     return catalog.get(GPU_NAMES.get(name.lower(), name)).key
 
 
@@ -147,6 +147,7 @@ def plan(out: Path, jobs: int) -> None:
     if out.exists():
         done = {json.loads(line)["key"] for line in out.read_text().splitlines() if line.strip()}
     keys = sorted({run_key(r) for r in rows()} - done)
+    _parts()
     print(f"{len(keys)} runs to plan ({len(done)} already in {out})", flush=True)
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(jobs) as pool, out.open("a") as f:
         for res in pool.map(lambda k: _plan_one(k, Path(tmp)), keys):

@@ -38,7 +38,7 @@ def group(row) -> tuple[str, str, str] | None:
         return None
     family = "hopper" if key in cal._HOPPER else "ampere/ada" if key in cal._AMPERE_ADA else "other"
     pads = "pads" if _vocab_multiple(row) > 1 else "unpadded"
-    return family, "aligned" if vocab % 8 == 0 else "unaligned", pads
+    return family, "unaligned" if cal.unaligned(vocab, 2) else "aligned", pads
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -181,12 +181,12 @@ def nchw_transpose_bytes(op: OpRecord) -> tuple[int, int]:
 
 def gemm_misaligned(op: OpRecord) -> bool:
     """Whether a 16-bit GEMM has an operand or output whose rows do not start on 16-byte boundaries
-    (calibration.GEMM_ALIGN_BYTES): a leading dimension (the stride of a matrix's non-contiguous
+    (calibration.unaligned): a leading dimension (the stride of a matrix's non-contiguous
     dimension), a storage offset, or the output's width (its last operand's last dimension: mm,
     addmm, bmm, baddbmm write (..., m, n)) that is not a multiple of 8 elements. cuBLAS then runs
     kernels without the tensor cores' aligned loads: a language model's output layer over a vocabulary
     such as GPT-2's 50,257 (calibration.MISALIGNED_GEMM_SPEED)."""
-    from tensorpilot.plan.calibration import GEMM_ALIGN_BYTES
+    from tensorpilot.plan.calibration import unaligned
 
     if op.replay is None:
         return False
@@ -199,10 +199,10 @@ def gemm_misaligned(op: OpRecord) -> bool:
         if rows <= 1 or cols <= 1:
             continue
         ld = rs if cs == 1 else cs if rs == 1 else None     # neither: cuBLAS is given a copy
-        if ld is not None and (ld * 2 % GEMM_ALIGN_BYTES or s.offset * 2 % GEMM_ALIGN_BYTES):
+        if ld is not None and (unaligned(ld, 2) or unaligned(s.offset, 2)):
             return True
     n = mats[-1].shape[-1]
-    return n > 1 and n * 2 % GEMM_ALIGN_BYTES != 0
+    return n > 1 and unaligned(n, 2)
 
 
 def _reduction_depth(op: OpRecord) -> float:

@@ -150,10 +150,16 @@ MISALIGNED_GEMM_SPEED: dict[str, float] = {**dict.fromkeys(_HOPPER, 0.16), **dic
 GEMM_ALIGN_BYTES = 16
 
 
+def unaligned(elements: int, elem_bytes: float) -> bool:
+    """Whether ``elements`` of ``elem_bytes`` (a row's width, a leading dimension, an offset) miss a
+    GEMM_ALIGN_BYTES boundary."""
+    return elements * elem_bytes % GEMM_ALIGN_BYTES != 0
+
+
 def misaligned_gemm_speed(catalog_key: str | None, dim: int, elem_bytes: float) -> float:
     """Share of the aligned rate at which a GEMM with a ``dim`` of ``elem_bytes`` elements runs on
     the part (1 where the dimension is aligned, the GEMM is not 16-bit, or the part is unmeasured)."""
-    if elem_bytes != 2 or dim * elem_bytes % GEMM_ALIGN_BYTES == 0:
+    if elem_bytes != 2 or not unaligned(dim, elem_bytes):
         return 1.0
     return MISALIGNED_GEMM_SPEED.get(catalog_key or "", 1.0)
 
